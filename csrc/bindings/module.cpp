@@ -1,0 +1,7 @@
+#include "pybind.hpp"
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "fastshard's compiled core: shard plans, orders and bulk fills.";
+    register_iterator(m);
+    register_shard(m);
+}

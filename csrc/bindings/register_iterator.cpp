@@ -1,0 +1,98 @@
+// A plain CPython iterator type: `for i in sampler` costs one tp_iternext call per index,
+// with no pybind11 dispatch in between. It refills a small buffer from the shard in C++.
+#include <Python.h>
+
+#include <algorithm>
+#include <new>
+
+#include "fastshard/shard.hpp"
+#include "pybind.hpp"
+
+namespace {
+
+constexpr std::uint32_t kBuffer = 256;
+
+struct ShardIterObject {
+    PyObject_HEAD std::shared_ptr<const fastshard::Shard> shard;
+    std::uint64_t next;  // next item to load into the buffer
+    std::uint64_t stop;
+    std::uint32_t pos;  // next buffered item to hand out
+    std::uint32_t len;  // buffered items
+    std::int64_t buffer[kBuffer];
+};
+
+PyTypeObject* iter_type = nullptr;
+
+void iter_dealloc(PyObject* self) {
+    auto* it = reinterpret_cast<ShardIterObject*>(self);
+    PyTypeObject* type = Py_TYPE(self);
+    it->shard.~shared_ptr();
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+PyObject* iter_next(PyObject* self) {
+    auto* it = reinterpret_cast<ShardIterObject*>(self);
+    if (it->pos == it->len) {
+        if (it->next >= it->stop) return nullptr;  // StopIteration
+        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBuffer, it->stop - it->next));
+        it->shard->fill(it->next, count, it->buffer);
+        it->next += count;
+        it->pos = 0;
+        it->len = count;
+    }
+    return PyLong_FromLongLong(it->buffer[it->pos++]);
+}
+
+std::uint64_t position_of(const ShardIterObject* it) { return it->next - (it->len - it->pos); }
+
+PyObject* iter_position(PyObject* self, void*) {
+    return PyLong_FromUnsignedLongLong(position_of(reinterpret_cast<ShardIterObject*>(self)));
+}
+
+PyObject* iter_length_hint(PyObject* self, PyObject*) {
+    auto* it = reinterpret_cast<ShardIterObject*>(self);
+    return PyLong_FromUnsignedLongLong(it->stop - position_of(it));
+}
+
+PyGetSetDef iter_getset[] = {
+    {"position", iter_position, nullptr,
+     "Index within the shard of the next item this iterator yields.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMethodDef iter_methods[] = {
+    {"__length_hint__", iter_length_hint, METH_NOARGS, "Items left."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyType_Slot iter_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(iter_dealloc)},
+                            {Py_tp_iter, reinterpret_cast<void*>(PyObject_SelfIter)},
+                            {Py_tp_iternext, reinterpret_cast<void*>(iter_next)},
+                            {Py_tp_getset, iter_getset},
+                            {Py_tp_methods, iter_methods},
+                            {Py_tp_doc, const_cast<char*>("Iterator over a shard's indices.")},
+                            {0, nullptr}};
+
+PyType_Spec iter_spec = {"fastshard._core.ShardIterator", sizeof(ShardIterObject), 0,
+                         Py_TPFLAGS_DEFAULT, iter_slots};
+
+}  // namespace
+
+py::object make_shard_iterator(std::shared_ptr<const fastshard::Shard> shard, std::uint64_t start,
+                               std::uint64_t stop) {
+    PyObject* obj = iter_type->tp_alloc(iter_type, 0);
+    if (obj == nullptr) throw py::error_already_set();
+    auto* it = reinterpret_cast<ShardIterObject*>(obj);
+    new (&it->shard) std::shared_ptr<const fastshard::Shard>(std::move(shard));
+    it->next = start;
+    it->stop = stop;
+    it->pos = 0;
+    it->len = 0;
+    return py::reinterpret_steal<py::object>(obj);
+}
+
+void register_iterator(py::module_& m) {
+    PyObject* type = PyType_FromSpec(&iter_spec);
+    if (type == nullptr) throw py::error_already_set();
+    iter_type = reinterpret_cast<PyTypeObject*>(type);
+    m.add_object("ShardIterator", py::reinterpret_borrow<py::object>(type));
+}

@@ -1,0 +1,55 @@
+// The "feistel" order: a keyed bijection of [0, n), evaluated per position in O(1).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace fastshard {
+
+// P(i) for i in [0, n), n in [0, 2^63).
+//
+// n > kTableMax: an alternating unbalanced Feistel network over [0, 2^k), k = bit width of
+// n - 1, followed by cycle walking (re-encrypting until the value falls in [0, n)). Since
+// 2^(k-1) < n, the expected number of walks is below 2. The two halves have ceil(k/2) and
+// floor(k/2) bits and trade places every round; each round adds (mod 2^width) a keyed hash
+// of one half to the other. Addition rather than xor matters: a xor-Feistel over a
+// power-of-two domain only ever produces even permutations, while an addition by an odd
+// constant is an odd permutation, so parities are balanced.
+//
+// n <= kTableMax: the domain is too small for a Feistel network to reach every permutation
+// with near-uniform probability in a handful of rounds, so the permutation is drawn by
+// Fisher-Yates from a keyed SplitMix64 stream and kept as a table of at most kTableMax words.
+class Feistel {
+  public:
+    static constexpr int kRounds = 8;
+    static constexpr std::uint64_t kTableMax = 1024;
+
+    // `table_max` other than kTableMax exists for tests that study the bare network on small
+    // domains; the public order always uses kTableMax.
+    Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max = kTableMax);
+
+    std::uint64_t size() const noexcept { return n_; }
+
+    // Maps each x[i] (all < n) to P(x[i]) in place.
+    void apply(std::uint64_t* x, std::size_t count) const noexcept;
+
+    std::uint64_t operator()(std::uint64_t i) const noexcept {
+        apply(&i, 1);
+        return i;
+    }
+
+  private:
+    // One pass of the network over [0, 2^k), no cycle walking, on count <= 64 values.
+    void encrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
+
+    std::uint64_t n_;
+    unsigned hi_bits_ = 0;  // width of the high half at the start (ceil(k/2))
+    unsigned lo_bits_ = 0;  // width of the low half at the start (floor(k/2))
+    std::array<std::uint32_t, kRounds> xor_keys_{};
+    std::array<std::uint32_t, kRounds> add_keys_{};
+    std::vector<std::uint32_t> table_;
+};
+
+}  // namespace fastshard

@@ -1,0 +1,66 @@
+// Bit mixers and key derivation. Part of the public order contract: changing any
+// constant here changes every "feistel" order and requires a new order name.
+#pragma once
+
+#include <cstdint>
+
+namespace fastshard {
+
+// SplitMix64 finalizer (Stafford's Mix13): a bijection of 64-bit words with full avalanche.
+constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+// "lowbias32" (C. Wellons' hash-prospector): a bijection of 32-bit words with near-ideal
+// avalanche using only 32-bit multiplies, so it vectorises on every SIMD level.
+constexpr std::uint32_t hash32(std::uint32_t x) noexcept {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+// A counter-based stream of 64-bit words from one key (SplitMix64).
+class SplitMix64 {
+  public:
+    explicit constexpr SplitMix64(std::uint64_t key) noexcept : state_(key) {}
+    constexpr std::uint64_t next() noexcept {
+        state_ += kGolden;
+        return mix64(state_);
+    }
+    // Unbiased draw from [0, bound) for 1 <= bound < 2^32: Lemire's multiply-shift with
+    // rejection, on 32-bit halves so it needs no 128-bit integers.
+    constexpr std::uint32_t below(std::uint32_t bound) noexcept {
+        const std::uint64_t threshold = (std::uint64_t{1} << 32) % bound;
+        for (;;) {
+            const std::uint64_t m = (next() >> 32) * bound;
+            if ((m & 0xffffffffULL) >= threshold) return static_cast<std::uint32_t>(m >> 32);
+        }
+    }
+
+  private:
+    std::uint64_t state_;
+};
+
+// Derives the key of one epoch's order. Each input passes through a full 64-bit mix, so
+// neighbouring seeds, epochs and lengths give unrelated keys; `domain` separates the uses
+// of one (seed, epoch) by different orders.
+constexpr std::uint64_t derive_key(std::uint64_t domain, std::uint64_t n, std::uint64_t seed,
+                                   std::uint64_t epoch) noexcept {
+    std::uint64_t h = mix64(domain ^ 0x6a09e667f3bcc908ULL);
+    h = mix64(h ^ seed);
+    h = mix64(h ^ epoch);
+    h = mix64(h ^ n);
+    return h;
+}
+
+}  // namespace fastshard

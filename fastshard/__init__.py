@@ -1,0 +1,27 @@
+"""fastshard: a distributed sampler for PyTorch with O(1) memory per rank."""
+
+from __future__ import annotations
+
+from ._version import __version__
+
+try:
+    from . import _core
+except ImportError as err:  # pragma: no cover - only without a build
+    raise ImportError(
+        "fastshard's compiled module fastshard._core could not be imported. Install the "
+        "package with `pip install .` (or `pip install --no-build-isolation -ve .` for "
+        "development) rather than importing it from the source tree."
+    ) from err
+
+from ._sampler import BatchSampler, DistributedSampler
+
+get_num_threads = _core.get_num_threads
+set_num_threads = _core.set_num_threads
+
+__all__ = [
+    "BatchSampler",
+    "DistributedSampler",
+    "__version__",
+    "get_num_threads",
+    "set_num_threads",
+]

@@ -1,0 +1,49 @@
+"""Where num_replicas and rank come from when the caller does not say."""
+
+from __future__ import annotations
+
+import os
+
+from . import _validate
+
+
+def _process_group() -> tuple[int, int] | None:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch built without distributed support
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return None
+
+
+def _from_env(var: str, arg: str) -> int:
+    raw = os.environ.get(var)
+    if raw is None:
+        raise ValueError(
+            f"{arg} was not given, no torch.distributed process group is initialised and "
+            f"{var} is not set: pass num_replicas= and rank=, initialise a process group, "
+            "or launch with torchrun (which sets WORLD_SIZE and RANK)"
+        )
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={raw!r} is not an integer") from None
+
+
+def resolve(num_replicas: object, rank: object) -> tuple[int, int]:
+    """num_replicas and rank, each from the argument, else the process group, else torchrun's env."""
+    group = _process_group() if num_replicas is None or rank is None else None
+    if num_replicas is None:
+        w = group[0] if group else _from_env("WORLD_SIZE", "num_replicas")
+    else:
+        w = _validate.integer(num_replicas, "num_replicas")
+    if w <= 0:
+        raise ValueError(f"num_replicas must be >= 1, got {w}")
+    if rank is None:
+        r = group[1] if group else _from_env("RANK", "rank")
+    else:
+        r = _validate.integer(rank, "rank")
+    if not 0 <= r < w:
+        raise ValueError(f"rank must be in [0, num_replicas - 1] = [0, {w - 1}], got {r}")
+    return w, r
