@@ -1,0 +1,27 @@
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_torchrun_env(monkeypatch):
+    """Tests pass num_replicas/rank explicitly unless they set the environment themselves."""
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def run_python(code: str, timeout: float = 120) -> str:
+    """Run code in a fresh interpreter; a crash (non-zero exit, signal) fails the test.
+
+    The child runs outside the source tree, so `import fastshard` finds the installed package.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=tempfile.gettempdir(),
+    )
+    assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{proc.stderr}"
+    return proc.stdout
