@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _core, _validate, _world
+from . import _core, _state, _validate, _world
 
 ORDERS = ("feistel",)
 
@@ -65,7 +65,11 @@ class DistributedSampler(Sampler[int]):
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
         self.epoch = 0
+        # Positions of the epoch's global sequence consumed before this pass began (non-zero
+        # only after load_state_dict), the pass's shard, and its latest iterator.
+        self._cursor = 0
         self._shard: _core.Shard | None = None
+        self._iterator: Any = None
 
     # -- the epoch's shard ------------------------------------------------------------------
     def _current(self) -> _core.Shard:
@@ -76,17 +80,74 @@ class DistributedSampler(Sampler[int]):
                 self.rank,
                 self.drop_last,
                 self.pad,
-                0,
+                self._cursor,
                 self.order if self.shuffle else "identity",
                 self.seed % 2**64,
                 self.epoch % 2**64,
             )
         return self._shard
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64)."""
-        self.epoch = _validate.integer(epoch, "epoch")
+    def _reset(self, epoch: int, cursor: int) -> None:
+        self.epoch = epoch
+        self._cursor = cursor
         self._shard = None
+        self._iterator = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
+
+        Also ends a resumed pass: the sampler yields the whole epoch again.
+        """
+        self._reset(_validate.integer(epoch, "epoch"), 0)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        return {
+            "n": self._n,
+            "seed": self.seed % 2**64,
+            "order": self.order,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "pad": self.pad,
+        }
+
+    def _cursor_after(self, consumed: int) -> int:
+        shard = self._current()
+        if not 0 <= consumed <= len(shard):
+            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+        # At step k every rank has taken its first k items, i.e. all positions before k * W
+        # (capped at the pass's end): the same cursor on every rank.
+        return self._cursor + min(consumed * self.num_replicas, shard.total_size)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint of the sampler (no rank in it).
+
+        Parameters
+        ----------
+        consumed : int, optional
+            How many of this pass's indices the training loop has consumed on this rank.
+            Defaults to how many the sampler's latest iterator has yielded — pass it
+            explicitly when a loader prefetches ahead of the training step.
+
+        Every rank returns the same state at the same step, except with ``pad=False`` once a
+        rank's shorter shard has run out: save rank 0's state there (its shard is the longest).
+        """
+        if consumed is None:
+            consumed = 0 if self._iterator is None else self._iterator.position
+        else:
+            consumed = _validate.integer(consumed, "consumed")
+        return _state.make(self._config(), self.epoch, self._cursor_after(consumed))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank, on any number of ranks.
+
+        The next iteration yields the rest of the saved epoch re-sharded over this sampler's
+        ``num_replicas``: with the same number of ranks exactly what the uninterrupted run
+        would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
+        is refused (ValueError/TypeError) and the sampler is left unchanged.
+        """
+        epoch, cursor = _state.check(state, self._config())
+        self._reset(epoch, cursor)
 
     # -- torch's attributes -----------------------------------------------------------------
     @property
@@ -105,6 +166,7 @@ class DistributedSampler(Sampler[int]):
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
         it: Iterator[int] = self._current().iter(0)
+        self._iterator = it
         return it
 
     def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -148,9 +210,24 @@ class BatchSampler(Sampler[list[int]]):
         self.sampler = sampler
         self.batch_size = _validate.in_range(batch_size, "batch_size", 1, _validate.MAX_LENGTH)
         self.drop_last = _validate.flag(drop_last, "drop_last")
+        self._yielded = 0  # batches yielded by the latest iteration
 
     def set_epoch(self, epoch: int) -> None:
+        self._yielded = 0
         self.sampler.set_epoch(epoch)
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """The sampler's state after ``consumed_batches`` batches of this pass (default: as
+        many as the latest iteration yielded)."""
+        b = self._yielded if consumed_batches is None else _validate.integer(consumed_batches, "consumed_batches")
+        if b < 0:
+            raise ValueError(f"consumed_batches must be >= 0, got {b}")
+        return self.sampler.state_dict(min(b * self.batch_size, len(self.sampler)))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the saved batch boundary (see DistributedSampler.load_state_dict)."""
+        self.sampler.load_state_dict(state)
+        self._yielded = 0
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -160,8 +237,11 @@ class BatchSampler(Sampler[list[int]]):
         shard = self.sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)
+        self._yielded = 0
         for start in range(0, end, size):
-            yield shard.batch(start, min(start + size, end))
+            batch = shard.batch(start, min(start + size, end))
+            self._yielded += 1
+            yield batch
 
     def __repr__(self) -> str:
         return f"BatchSampler({self.sampler!r}, batch_size={self.batch_size}, drop_last={self.drop_last})"
