@@ -252,3 +252,44 @@ def test_numpy_cursor_from_indices_consumers():
     t = make(1000, 4, 3)
     t.load_state_dict(state)
     assert np.concatenate([chunk, t.indices()]).tolist() == list(make(1000, 4, 3))
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    edits=st.dictionaries(
+        st.sampled_from(["version", "n", "seed", "order", "shuffle", "drop_last", "pad", "epoch", "cursor", "extra"]),
+        _values,
+        max_size=3,
+    ),
+    drop=st.lists(st.sampled_from(["version", "n", "epoch", "cursor", "order"]), max_size=2),
+)
+def test_fuzzed_states_never_crash_or_half_apply(edits, drop):
+    donor = make(300, 3, 0)
+    consume(donor, 11)
+    state = donor.state_dict()
+    state.update(edits)
+    for key in drop:
+        state.pop(key, None)
+    s = make(300, 2, 1)
+    s.set_epoch(5)
+    before = (s.state_dict(), s.epoch, len(s))
+    try:
+        s.load_state_dict(state)
+    except (TypeError, ValueError):
+        assert (s.state_dict(), s.epoch, len(s)) == before
+        assert list(s) == list(make(300, 2, 1, epoch=5))
+    else:
+        # accepted: then it is a valid state for this sampler and applies whole
+        assert s.epoch == state["epoch"] and s.state_dict()["cursor"] == state["cursor"]
+        assert len(s) == -(-max(300 - state["cursor"], 0) // 2)
