@@ -13,7 +13,117 @@ from . import _core, _state, _validate, _world
 ORDERS = ("feistel",)
 
 
-class DistributedSampler(Sampler[int]):
+class _ShardSampler(Sampler[int]):
+    """What every fastshard sampler shares: the plan of an epoch over ranks, its checkpoint,
+    and the ways to read it. Subclasses say how to build a pass's shard and what their
+    configuration is (the part of a checkpoint that must match)."""
+
+    num_replicas: int
+    rank: int
+
+    def _make_shard(self, cursor: int) -> _core.Shard:
+        raise NotImplementedError
+
+    def _config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _start_pass(self, epoch: int = 0, cursor: int = 0) -> None:
+        self.epoch = epoch
+        # Positions of the epoch's global sequence consumed before this pass began (non-zero
+        # only after load_state_dict), the pass's shard (built lazily), its latest iterator.
+        self._cursor = cursor
+        self._shard: _core.Shard | None = None
+        self._iterator: Any = None
+
+    def _current(self) -> _core.Shard:
+        if self._shard is None:
+            self._shard = self._make_shard(self._cursor)
+        return self._shard
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
+
+        Also ends a resumed pass: the sampler yields the whole epoch again.
+        """
+        self._start_pass(_validate.integer(epoch, "epoch"), 0)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _cursor_after(self, consumed: int) -> int:
+        shard = self._current()
+        if not 0 <= consumed <= len(shard):
+            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+        # At step k every rank has taken its first k items, i.e. all positions before k * W
+        # (capped at the pass's end): the same cursor on every rank.
+        return self._cursor + min(consumed * self.num_replicas, shard.total_size)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint of the sampler (no rank in it).
+
+        Parameters
+        ----------
+        consumed : int, optional
+            How many of this pass's indices the training loop has consumed on this rank.
+            Defaults to how many the sampler's latest iterator has yielded — pass it
+            explicitly when a loader prefetches ahead of the training step.
+
+        Every rank returns the same state at the same step, except with ``pad=False`` once a
+        rank's shorter shard has run out: save rank 0's state there (its shard is the longest).
+        """
+        if consumed is None:
+            consumed = 0 if self._iterator is None else self._iterator.position
+        else:
+            consumed = _validate.integer(consumed, "consumed")
+        return _state.make(self._config(), self.epoch, self._cursor_after(consumed))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank, on any number of ranks.
+
+        The next iteration yields the rest of the saved epoch re-sharded over this sampler's
+        ``num_replicas``: with the same number of ranks exactly what the uninterrupted run
+        would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
+        is refused (ValueError/TypeError) and the sampler is left unchanged.
+        """
+        epoch, cursor = _state.check(state, self._config())
+        self._start_pass(epoch, cursor)
+
+    # -- torch's attributes -----------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        """This rank's number of indices per epoch."""
+        return len(self._current())
+
+    @property
+    def total_size(self) -> int:
+        """Indices per epoch over all ranks (``num_samples * num_replicas`` unless pad=False)."""
+        return self._current().total_size
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    # -- access -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[int]:
+        it: Iterator[int] = self._current().iter(0)
+        self._iterator = it
+        return it
+
+    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """This rank's indices ``[start, stop)`` of the epoch as a new int64 array.
+
+        ``start`` and ``stop`` follow slice rules (negative values count from the end,
+        out-of-range values are clipped). Large ranges are filled by several threads.
+        """
+        start = 0 if start is None else _validate.integer(start, "start")
+        stop = None if stop is None else _validate.integer(stop, "stop")
+        shard = self._current()
+        lo, hi, _ = slice(start, stop).indices(len(shard))
+        return shard.indices(lo, max(lo, hi))
+
+    def __getitem__(self, k: int) -> int:
+        """This rank's k-th index of the epoch (negative k counts from the end)."""
+        return self._current()[_validate.integer(k, "index")]
+
+
+class DistributedSampler(_ShardSampler):
     """Drop-in replacement for :class:`torch.utils.data.distributed.DistributedSampler`.
 
     Every rank computes only its own indices, each in O(1) time and memory, for datasets of
@@ -64,43 +174,22 @@ class DistributedSampler(Sampler[int]):
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
-        self.epoch = 0
-        # Positions of the epoch's global sequence consumed before this pass began (non-zero
-        # only after load_state_dict), the pass's shard, and its latest iterator.
-        self._cursor = 0
-        self._shard: _core.Shard | None = None
-        self._iterator: Any = None
+        self._start_pass()
 
     # -- the epoch's shard ------------------------------------------------------------------
-    def _current(self) -> _core.Shard:
-        if self._shard is None:
-            self._shard = _core.Shard(
-                self._n,
-                self.num_replicas,
-                self.rank,
-                self.drop_last,
-                self.pad,
-                self._cursor,
-                self.order if self.shuffle else "identity",
-                self.seed % 2**64,
-                self.epoch % 2**64,
-            )
-        return self._shard
+    def _make_shard(self, cursor: int) -> _core.Shard:
+        return _core.Shard(
+            self._n,
+            self.num_replicas,
+            self.rank,
+            self.drop_last,
+            self.pad,
+            cursor,
+            self.order if self.shuffle else "identity",
+            self.seed % 2**64,
+            self.epoch % 2**64,
+        )
 
-    def _reset(self, epoch: int, cursor: int) -> None:
-        self.epoch = epoch
-        self._cursor = cursor
-        self._shard = None
-        self._iterator = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
-
-        Also ends a resumed pass: the sampler yields the whole epoch again.
-        """
-        self._reset(_validate.integer(epoch, "epoch"), 0)
-
-    # -- checkpoints ------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
         return {
             "n": self._n,
@@ -110,80 +199,6 @@ class DistributedSampler(Sampler[int]):
             "drop_last": self.drop_last,
             "pad": self.pad,
         }
-
-    def _cursor_after(self, consumed: int) -> int:
-        shard = self._current()
-        if not 0 <= consumed <= len(shard):
-            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
-        # At step k every rank has taken its first k items, i.e. all positions before k * W
-        # (capped at the pass's end): the same cursor on every rank.
-        return self._cursor + min(consumed * self.num_replicas, shard.total_size)
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """A JSON-serialisable checkpoint of the sampler (no rank in it).
-
-        Parameters
-        ----------
-        consumed : int, optional
-            How many of this pass's indices the training loop has consumed on this rank.
-            Defaults to how many the sampler's latest iterator has yielded — pass it
-            explicitly when a loader prefetches ahead of the training step.
-
-        Every rank returns the same state at the same step, except with ``pad=False`` once a
-        rank's shorter shard has run out: save rank 0's state there (its shard is the longest).
-        """
-        if consumed is None:
-            consumed = 0 if self._iterator is None else self._iterator.position
-        else:
-            consumed = _validate.integer(consumed, "consumed")
-        return _state.make(self._config(), self.epoch, self._cursor_after(consumed))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a state saved by any rank, on any number of ranks.
-
-        The next iteration yields the rest of the saved epoch re-sharded over this sampler's
-        ``num_replicas``: with the same number of ranks exactly what the uninterrupted run
-        would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
-        is refused (ValueError/TypeError) and the sampler is left unchanged.
-        """
-        epoch, cursor = _state.check(state, self._config())
-        self._reset(epoch, cursor)
-
-    # -- torch's attributes -----------------------------------------------------------------
-    @property
-    def num_samples(self) -> int:
-        """This rank's number of indices per epoch."""
-        return len(self._current())
-
-    @property
-    def total_size(self) -> int:
-        """Indices per epoch over all ranks (``num_samples * num_replicas`` unless pad=False)."""
-        return self._current().total_size
-
-    def __len__(self) -> int:
-        return len(self._current())
-
-    # -- access -----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[int]:
-        it: Iterator[int] = self._current().iter(0)
-        self._iterator = it
-        return it
-
-    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """This rank's indices ``[start, stop)`` of the epoch as a new int64 array.
-
-        ``start`` and ``stop`` follow slice rules (negative values count from the end,
-        out-of-range values are clipped). Large ranges are filled by several threads.
-        """
-        start = 0 if start is None else _validate.integer(start, "start")
-        stop = None if stop is None else _validate.integer(stop, "stop")
-        shard = self._current()
-        lo, hi, _ = slice(start, stop).indices(len(shard))
-        return shard.indices(lo, max(lo, hi))
-
-    def __getitem__(self, k: int) -> int:
-        """This rank's k-th index of the epoch (negative k counts from the end)."""
-        return self._current()[_validate.integer(k, "index")]
 
     def __repr__(self) -> str:
         return (
@@ -201,8 +216,8 @@ class BatchSampler(Sampler[list[int]]):
     ``set_epoch`` is forwarded to the sampler.
     """
 
-    def __init__(self, sampler: DistributedSampler, batch_size: int, drop_last: bool = False) -> None:
-        if not isinstance(sampler, DistributedSampler):
+    def __init__(self, sampler: _ShardSampler, batch_size: int, drop_last: bool = False) -> None:
+        if not isinstance(sampler, _ShardSampler):
             raise TypeError(
                 "sampler must be a fastshard sampler, got "
                 f"{type(sampler).__name__}; use torch.utils.data.BatchSampler for other samplers"
