@@ -14,6 +14,7 @@ except ImportError as err:  # pragma: no cover - only without a build
     ) from err
 
 from ._sampler import BatchSampler, DistributedSampler
+from ._weighted import WeightedDistributedSampler
 
 get_num_threads = _core.get_num_threads
 set_num_threads = _core.set_num_threads
@@ -21,6 +22,7 @@ set_num_threads = _core.set_num_threads
 __all__ = [
     "BatchSampler",
     "DistributedSampler",
+    "WeightedDistributedSampler",
     "__version__",
     "get_num_threads",
     "set_num_threads",

@@ -1,11 +1,10 @@
 #include "fastshard/shard.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <thread>
-#include <vector>
 
 #include "fastshard/mix.hpp"
+#include "fastshard/parallel.hpp"
 
 namespace fastshard {
 
@@ -34,23 +33,9 @@ void set_default_threads(unsigned threads) noexcept {
 
 void Shard::fill_parallel(std::uint64_t k0, std::uint64_t count, std::int64_t* out,
                           unsigned threads) const {
-    if (threads == 0) threads = default_threads();
-    const std::uint64_t by_size = count / kMinPerThread;
-    const unsigned t = static_cast<unsigned>(std::min<std::uint64_t>(threads, by_size));
-    if (t <= 1) {
-        fill_range(k0, count, out);
-        return;
-    }
-    const std::uint64_t per = count / t;
-    std::vector<std::thread> pool;
-    pool.reserve(t - 1);
-    for (unsigned i = 1; i < t; ++i) {
-        const std::uint64_t begin = i * per;
-        const std::uint64_t len = i + 1 == t ? count - begin : per;
-        pool.emplace_back([=] { fill_range(k0 + begin, len, out + begin); });
-    }
-    fill_range(k0, per, out);
-    for (auto& th : pool) th.join();
+    parallel_for(count, threads, kMinPerThread, [&](unsigned, std::uint64_t begin, std::uint64_t len) {
+        fill_range(k0 + begin, len, out + begin);
+    });
 }
 
 std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint64_t seed,
