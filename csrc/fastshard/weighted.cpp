@@ -84,19 +84,64 @@ AliasTable::AliasTable(const double* w, std::uint64_t n, double sum) : n_(n) {
     }
 }
 
+namespace {
+
+int count_trailing_zeros(std::uint64_t v) noexcept {  // v != 0
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(v);
+#else
+    int c = 0;
+    while ((v & 1) == 0) {
+        v >>= 1;
+        ++c;
+    }
+    return c;
+#endif
+}
+
+// One bit per item: set for the light ones (below the mean). Finding the next light or heavy
+// item is then a scan of words with count-trailing-zeros instead of one unpredictable branch
+// per item.
+class LightBits {
+  public:
+    LightBits(const double* w, std::uint64_t n, double scale) : n_(n), words_((n + 63) / 64, 0) {
+        for (std::uint64_t base = 0; base < n; base += 64) {
+            const std::uint64_t m = std::min<std::uint64_t>(64, n - base);
+            std::uint64_t word = 0;
+            for (std::uint64_t b = 0; b < m; ++b) word |= std::uint64_t{w[base + b] * scale < 1.0} << b;
+            words_[base / 64] = word;
+        }
+    }
+    std::uint64_t next_light(std::uint64_t i) const noexcept { return next(i, 0); }
+    std::uint64_t next_heavy(std::uint64_t i) const noexcept { return next(i, ~std::uint64_t{0}); }
+
+  private:
+    // First i' >= i whose bit, xor-ed with `flip`, is set; n if none.
+    std::uint64_t next(std::uint64_t i, std::uint64_t flip) const noexcept {
+        if (i >= n_) return n_;
+        std::uint64_t w = i / 64;
+        std::uint64_t word = (words_[w] ^ flip) & (~std::uint64_t{0} << (i % 64));
+        while (word == 0) {
+            if (++w == words_.size()) return n_;
+            word = words_[w] ^ flip;
+        }
+        const std::uint64_t found = w * 64 + static_cast<std::uint64_t>(count_trailing_zeros(word));
+        return found < n_ ? found : n_;
+    }
+
+    std::uint64_t n_;
+    std::vector<std::uint64_t> words_;
+};
+
+}  // namespace
+
 template <class Bucket>
-void AliasTable::build(std::vector<Bucket>& table, const double* w, double scale) {
+void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale) {
     const std::uint64_t n = n_;
-    table.resize(static_cast<std::size_t>(n));
+    // Uninitialised: every bucket is written below, so no pass to zero them first.
+    table = make_huge_array<Bucket>(static_cast<std::size_t>(n));
+    const LightBits bits(w, n, scale);
     auto q = [&](std::uint64_t i) { return w[i] * scale; };
-    auto next_light = [&](std::uint64_t i) {
-        while (i < n && !(q(i) < 1.0)) ++i;
-        return i;
-    };
-    auto next_heavy = [&](std::uint64_t i) {
-        while (i < n && q(i) < 1.0) ++i;
-        return i;
-    };
     auto set = [&](std::uint64_t b, double keep, std::uint64_t alias) {
         table[b].threshold = static_cast<decltype(table[b].threshold)>(to_threshold(keep));
         table[b].alias = static_cast<decltype(table[b].alias)>(alias);
@@ -105,8 +150,8 @@ void AliasTable::build(std::vector<Bucket>& table, const double* w, double scale
         table[b].threshold = static_cast<decltype(table[b].threshold)>(kFull);
         table[b].alias = static_cast<decltype(table[b].alias)>(b);
     };
-    std::uint64_t i = next_light(0);
-    std::uint64_t j = next_heavy(0);
+    std::uint64_t i = bits.next_light(0);
+    std::uint64_t j = bits.next_heavy(0);
     if (j == n) {  // only by rounding: every item is (just) below the mean
         for (std::uint64_t b = 0; b < n; ++b) set_full(b);
         return;
@@ -116,7 +161,7 @@ void AliasTable::build(std::vector<Bucket>& table, const double* w, double scale
         if (rest < 1.0) {
             // j has given away its excess: its own bucket keeps `rest`, the next heavy item
             // fills the remainder.
-            const std::uint64_t next = next_heavy(j + 1);
+            const std::uint64_t next = bits.next_heavy(j + 1);
             if (next == n) break;
             set(j, rest, next);
             rest += q(next) - 1.0;
@@ -124,7 +169,7 @@ void AliasTable::build(std::vector<Bucket>& table, const double* w, double scale
         } else if (i < n) {
             set(i, q(i), j);
             rest += q(i) - 1.0;
-            i = next_light(i + 1);
+            i = bits.next_light(i + 1);
         } else {
             break;
         }
@@ -132,8 +177,8 @@ void AliasTable::build(std::vector<Bucket>& table, const double* w, double scale
     // What is left is (up to rounding) exactly full buckets: j, items of weight exactly the
     // mean after it, and lights left over by rounding.
     set_full(j);
-    for (; i < n; i = next_light(i + 1)) set_full(i);
-    for (std::uint64_t h = next_heavy(j + 1); h < n; h = next_heavy(h + 1)) set_full(h);
+    for (; i < n; i = bits.next_light(i + 1)) set_full(i);
+    for (std::uint64_t h = bits.next_heavy(j + 1); h < n; h = bits.next_heavy(h + 1)) set_full(h);
 }
 
 double AliasTable::probability(std::uint64_t item) const {
@@ -147,11 +192,11 @@ double AliasTable::probability(std::uint64_t item) const {
         }
         return mass / 4294967296.0 / static_cast<double>(n_);
     };
-    return small_.empty() ? prob(large_) : prob(small_);
+    return small_ ? prob(small_) : prob(large_);
 }
 
 template <class Bucket>
-void AliasTable::draw(const std::vector<Bucket>& table, std::uint64_t* x, std::size_t count,
+void AliasTable::draw(const HugeArray<Bucket>& table, std::uint64_t* x, std::size_t count,
                       std::uint64_t key) const noexcept {
     const std::uint64_t key2 = mix64(key ^ 0x243f6a8885a308d3ULL);
     constexpr std::size_t kBlock = 64;
@@ -166,7 +211,7 @@ void AliasTable::draw(const std::vector<Bucket>& table, std::uint64_t* x, std::s
             const std::uint64_t r = mix64(out[i] ^ key);
             bucket[i] = mulhi64(r, n_);
             coin[i] = static_cast<std::uint32_t>(mix64(r ^ key2) >> 32);
-            FASTSHARD_PREFETCH(&table[static_cast<std::size_t>(bucket[i])]);
+            FASTSHARD_PREFETCH(table.get() + bucket[i]);
         }
         for (std::size_t i = 0; i < m; ++i) {
             const Bucket& b = table[static_cast<std::size_t>(bucket[i])];
@@ -177,10 +222,10 @@ void AliasTable::draw(const std::vector<Bucket>& table, std::uint64_t* x, std::s
 }
 
 void AliasTable::apply(std::uint64_t* x, std::size_t count, std::uint64_t key) const noexcept {
-    if (small_.empty()) {
-        draw(large_, x, count, key);
-    } else {
+    if (small_) {
         draw(small_, x, count, key);
+    } else {
+        draw(large_, x, count, key);
     }
 }
 

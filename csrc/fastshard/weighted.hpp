@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "fastshard/memory.hpp"
 #include "fastshard/plan.hpp"
 
 namespace fastshard {
@@ -29,7 +30,7 @@ WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned thre
 
 // Walker's alias table built by a sweep (Huebschle-Schneider & Sanders): two cursors walk
 // the weights left to right, one over the light items (below the mean), one over the heavy
-// ones, so the build reads memory in order and needs no worklist. Bucket i keeps item i
+// ones, so the build reads memory in order and needs no worklist, only one bit per item. Bucket i keeps item i
 // with probability threshold/2^32, else its alias. Each bucket is 8 bytes for n <= 2^32.
 class AliasTable {
   public:
@@ -37,7 +38,7 @@ class AliasTable {
 
     std::uint64_t size() const noexcept { return n_; }
     std::size_t bytes() const noexcept {
-        return small_.size() * sizeof(small_[0]) + large_.size() * sizeof(large_[0]);
+        return static_cast<std::size_t>(n_) * (small_ ? sizeof(Small) : sizeof(Large));
     }
     // Probability of item i as the table represents it (for tests and the docs' error bound).
     double probability(std::uint64_t i) const;
@@ -55,14 +56,14 @@ class AliasTable {
         std::uint64_t alias;
     };
     template <class Bucket>
-    void build(std::vector<Bucket>& table, const double* w, double scale);
+    void build(HugeArray<Bucket>& table, const double* w, double scale);
     template <class Bucket>
-    void draw(const std::vector<Bucket>& table, std::uint64_t* x, std::size_t count,
+    void draw(const HugeArray<Bucket>& table, std::uint64_t* x, std::size_t count,
               std::uint64_t key) const noexcept;
 
     std::uint64_t n_;
-    std::vector<Small> small_;
-    std::vector<Large> large_;
+    HugeArray<Small> small_;  // n <= 2^32
+    HugeArray<Large> large_;  // otherwise
 };
 
 // Domain separator of the weighted draws' key.
