@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _core, _validate, _world
+from . import _core, _distributed, _validate, _world
 
 ORDERS = ("feistel",)
 
@@ -29,8 +29,11 @@ class DistributedSampler(Sampler[int]):
         Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
     shuffle : bool
         ``False`` takes the items in order.
-    seed : int
-        Any Python int; reduced modulo ``2**64``.
+    seed : int or None
+        Any Python int; reduced modulo ``2**64``. ``None``: a random seed in ``[0, 2**63)``
+        drawn on rank 0 and broadcast to every rank (a collective call, so every rank must
+        pass ``None``; needs an initialised process group, else ValueError). ``seed`` then
+        holds the drawn int.
     drop_last : bool
         Truncate to a multiple of ``num_replicas`` instead of padding.
     order : {"feistel"}
@@ -38,6 +41,11 @@ class DistributedSampler(Sampler[int]):
     pad : bool
         ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
         lengths differ by at most one. For evaluation.
+    check_consistency : bool
+        With an initialised process group, each iteration starts with one small all_gather
+        that checks every rank has the same length, seed, epoch, order, shuffle, drop_last, pad
+        and num_replicas, and raises :class:`fastshard.InconsistentRanksError` on every rank
+        if not. ``False`` turns it off; it must be the same on every rank.
     """
 
     def __init__(
@@ -46,11 +54,12 @@ class DistributedSampler(Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         drop_last: bool = False,
         *,
         order: str = "feistel",
         pad: bool = True,
+        check_consistency: bool = True,
     ) -> None:
         self.dataset = dataset
         self._n = _validate.length(dataset)
@@ -58,9 +67,10 @@ class DistributedSampler(Sampler[int]):
         if self.num_replicas > _validate.MAX_LENGTH:
             raise ValueError(f"num_replicas must be <= 2**63 - 1, got {self.num_replicas}")
         self.shuffle = _validate.flag(shuffle, "shuffle")
-        self.seed = _validate.integer(seed, "seed")
+        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.pad = _validate.flag(pad, "pad")
+        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
@@ -104,6 +114,7 @@ class DistributedSampler(Sampler[int]):
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        _distributed.check(self)
         it: Iterator[int] = self._current().iter(0)
         return it
 
@@ -157,6 +168,7 @@ class BatchSampler(Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
+        _distributed.check(self.sampler)
         shard = self.sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)
