@@ -43,9 +43,10 @@ class DistributedSampler(Sampler[int]):
         lengths differ by at most one. For evaluation.
     check_consistency : bool
         With an initialised process group, each iteration starts with one small all_gather
-        that checks every rank has the same length, seed, epoch, order, shuffle, drop_last, pad
-        and num_replicas, and raises :class:`fastshard.InconsistentRanksError` on every rank
-        if not. ``False`` turns it off; it must be the same on every rank.
+        that checks every rank has the same length, seed, epoch, resume point, order, shuffle,
+        drop_last, pad and num_replicas, and raises :class:`fastshard.InconsistentRanksError`
+        on every rank if not. It is a collective: every rank must iterate as often. ``False``
+        turns it off; it must be the same on every rank.
     """
 
     def __init__(
