@@ -13,6 +13,7 @@ except ImportError as err:  # pragma: no cover - only without a build
         "development) rather than importing it from the source tree."
     ) from err
 
+from ._distributed import InconsistentRanksError
 from ._sampler import BatchSampler, DistributedSampler
 from ._weighted import WeightedDistributedSampler
 
@@ -22,6 +23,7 @@ set_num_threads = _core.set_num_threads
 __all__ = [
     "BatchSampler",
     "DistributedSampler",
+    "InconsistentRanksError",
     "WeightedDistributedSampler",
     "__version__",
     "get_num_threads",

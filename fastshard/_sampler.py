@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _core, _state, _validate, _world
+from . import _core, _distributed, _state, _validate, _world
 
 ORDERS = ("feistel",)
 
@@ -20,6 +20,7 @@ class _ShardSampler(Sampler[int]):
 
     num_replicas: int
     rank: int
+    check_consistency: bool
 
     def _make_shard(self, cursor: int) -> _core.Shard:
         raise NotImplementedError
@@ -34,6 +35,13 @@ class _ShardSampler(Sampler[int]):
         self._cursor = cursor
         self._shard: _core.Shard | None = None
         self._iterator: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The shard and iterator are caches of compiled objects: rebuilt after unpickling.
+        state = self.__dict__.copy()
+        state["_shard"] = None
+        state["_iterator"] = None
+        return state
 
     def _current(self) -> _core.Shard:
         if self._shard is None:
@@ -102,6 +110,7 @@ class _ShardSampler(Sampler[int]):
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        _distributed.check(self)
         it: Iterator[int] = self._current().iter(0)
         self._iterator = it
         return it
@@ -139,8 +148,11 @@ class DistributedSampler(_ShardSampler):
         Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
     shuffle : bool
         ``False`` takes the items in order.
-    seed : int
-        Any Python int; reduced modulo ``2**64``.
+    seed : int or None
+        Any Python int; reduced modulo ``2**64``. ``None``: a random seed in ``[0, 2**63)``
+        drawn on rank 0 and broadcast to every rank (a collective call, so every rank must
+        pass ``None``; needs an initialised process group, else ValueError). ``seed`` then
+        holds the drawn int.
     drop_last : bool
         Truncate to a multiple of ``num_replicas`` instead of padding.
     order : {"feistel"}
@@ -148,6 +160,12 @@ class DistributedSampler(_ShardSampler):
     pad : bool
         ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
         lengths differ by at most one. For evaluation.
+    check_consistency : bool
+        With an initialised process group, each iteration starts with one small all_gather
+        that checks every rank has the same length, seed, epoch, resume point, order, shuffle,
+        drop_last, pad and num_replicas, and raises :class:`fastshard.InconsistentRanksError`
+        on every rank if not. It is a collective: every rank must iterate as often. ``False``
+        turns it off; it must be the same on every rank.
     """
 
     def __init__(
@@ -156,11 +174,12 @@ class DistributedSampler(_ShardSampler):
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         drop_last: bool = False,
         *,
         order: str = "feistel",
         pad: bool = True,
+        check_consistency: bool = True,
     ) -> None:
         self.dataset = dataset
         self._n = _validate.length(dataset)
@@ -168,9 +187,10 @@ class DistributedSampler(_ShardSampler):
         if self.num_replicas > _validate.MAX_LENGTH:
             raise ValueError(f"num_replicas must be <= 2**63 - 1, got {self.num_replicas}")
         self.shuffle = _validate.flag(shuffle, "shuffle")
-        self.seed = _validate.integer(seed, "seed")
+        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.pad = _validate.flag(pad, "pad")
+        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
@@ -249,6 +269,7 @@ class BatchSampler(Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
+        _distributed.check(self.sampler)
         shard = self.sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)

@@ -293,3 +293,17 @@ def test_fuzzed_states_never_crash_or_half_apply(edits, drop):
         # accepted: then it is a valid state for this sampler and applies whole
         assert s.epoch == state["epoch"] and s.state_dict()["cursor"] == state["cursor"]
         assert len(s) == -(-max(300 - state["cursor"], 0) // 2)
+
+
+def test_pickle_keeps_the_position_not_the_caches():
+    import pickle
+
+    s = make(1000, 4, 1)
+    state = s.state_dict()
+    list(s)  # builds the shard and an iterator
+    s2 = make(1000, 4, 1)
+    consume(s2, 10)
+    s2.load_state_dict(s2.state_dict())
+    t = pickle.loads(pickle.dumps(s2))
+    assert list(t) == list(s2) and t.state_dict(consumed=0) == s2.state_dict(consumed=0)
+    assert pickle.loads(pickle.dumps(s)).state_dict() == state
