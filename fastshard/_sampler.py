@@ -10,7 +10,7 @@ from torch.utils.data import Sampler
 
 from . import _core, _distributed, _state, _validate, _world
 
-ORDERS = ("feistel",)
+ORDERS = ("feistel", "block")
 
 
 class _ShardSampler(Sampler[int]):
@@ -20,6 +20,7 @@ class _ShardSampler(Sampler[int]):
 
     num_replicas: int
     rank: int
+    shuffle: bool
     check_consistency: bool
 
     def _make_shard(self, cursor: int) -> _core.Shard:
@@ -28,11 +29,13 @@ class _ShardSampler(Sampler[int]):
     def _config(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _start_pass(self, epoch: int = 0, cursor: int = 0) -> None:
+    def _start_pass(self, epoch: int = 0, cursor: int = 0, rnd: tuple[int, ...] | None = None) -> None:
         self.epoch = epoch
         # Positions of the epoch's global sequence consumed before this pass began (non-zero
-        # only after load_state_dict), the pass's shard (built lazily), its latest iterator.
+        # only after load_state_dict; for the block order also its interrupted round), the
+        # pass's shard (built lazily) and its latest iterator.
         self._cursor = cursor
+        self._round = rnd
         self._shard: _core.Shard | None = None
         self._iterator: Any = None
 
@@ -64,6 +67,14 @@ class _ShardSampler(Sampler[int]):
         # (capped at the pass's end): the same cursor on every rank.
         return self._cursor + min(consumed * self.num_replicas, shard.total_size)
 
+    def _resume_after(self, consumed: int) -> tuple[int, tuple[int, ...] | None]:
+        """(cursor, round) once every rank consumed ``consumed`` items of this pass."""
+        return self._cursor_after(consumed), None
+
+    def _resume_point(self) -> dict[str, Any]:
+        """Where this pass starts, for the rank-consistency check."""
+        return {"cursor": self._cursor}
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """A JSON-serialisable checkpoint of the sampler (no rank in it).
 
@@ -81,7 +92,8 @@ class _ShardSampler(Sampler[int]):
             consumed = 0 if self._iterator is None else self._iterator.position
         else:
             consumed = _validate.integer(consumed, "consumed")
-        return _state.make(self._config(), self.epoch, self._cursor_after(consumed))
+        cursor, rnd = self._resume_after(consumed)
+        return _state.make(self._config(), self.epoch, cursor, rnd)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state saved by any rank, on any number of ranks.
@@ -91,8 +103,8 @@ class _ShardSampler(Sampler[int]):
         would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
         is refused (ValueError/TypeError) and the sampler is left unchanged.
         """
-        epoch, cursor = _state.check(state, self._config())
-        self._start_pass(epoch, cursor)
+        epoch, cursor, rnd = _state.check(state, self._config())
+        self._start_pass(epoch, cursor, rnd)
 
     # -- torch's attributes -----------------------------------------------------------------
     @property
@@ -155,8 +167,19 @@ class DistributedSampler(_ShardSampler):
         holds the drawn int.
     drop_last : bool
         Truncate to a multiple of ``num_replicas`` instead of padding.
-    order : {"feistel"}
+    order : {"feistel", "block"}
         ``"feistel"``: a keyed bijection of ``[0, n)``, a fresh one for every (n, seed, epoch).
+        ``"block"``: for fast local reads; items in blocks of ``block_size`` consecutive
+        indices, the blocks in a fresh random order every epoch, dealt to ranks in windows of
+        ``window`` blocks whose items are shuffled together. Any ``block_size * window``
+        consecutive indices of a rank come from at most ``2 * window + 2`` blocks. The plan
+        (lengths, padding, drop_last, pad=False, resume) is as for ``"feistel"``; padding
+        repeats fewer than ``num_replicas`` items. With ``shuffle=False``: blocks in order,
+        windows unshuffled (each rank reads contiguous runs).
+    block_size : int
+        Items per block, required with ``order="block"`` and refused with other orders.
+    window : int
+        Blocks per window (default 1), with ``order="block"`` only.
     pad : bool
         ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
         lengths differ by at most one. For evaluation.
@@ -180,6 +203,8 @@ class DistributedSampler(_ShardSampler):
         order: str = "feistel",
         pad: bool = True,
         check_consistency: bool = True,
+        block_size: int | None = None,
+        window: int | None = None,
     ) -> None:
         self.dataset = dataset
         self._n = _validate.length(dataset)
@@ -194,10 +219,27 @@ class DistributedSampler(_ShardSampler):
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
+        self.block_size, self.window = _block_arguments(order, block_size, window)
         self._start_pass()
 
     # -- the epoch's shard ------------------------------------------------------------------
     def _make_shard(self, cursor: int) -> _core.Shard:
+        if self.order == "block":
+            return _core.Shard(
+                self._n,
+                self.num_replicas,
+                self.rank,
+                self.drop_last,
+                self.pad,
+                cursor,
+                "block",
+                self.seed % 2**64,
+                self.epoch % 2**64,
+                block_size=self.block_size,
+                window=self.window,
+                shuffle=self.shuffle,
+                round=self._round,
+            )
         return _core.Shard(
             self._n,
             self.num_replicas,
@@ -211,7 +253,7 @@ class DistributedSampler(_ShardSampler):
         )
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config = {
             "n": self._n,
             "seed": self.seed % 2**64,
             "order": self.order,
@@ -219,14 +261,48 @@ class DistributedSampler(_ShardSampler):
             "drop_last": self.drop_last,
             "pad": self.pad,
         }
+        if self.order == "block":
+            config.update(block_size=self.block_size, window=self.window)
+        return config
+
+    def _resume_after(self, consumed: int) -> tuple[int, tuple[int, ...] | None]:
+        if self.order != "block":
+            return super()._resume_after(consumed)
+        shard = self._current()
+        if not 0 <= consumed <= len(shard):
+            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+        cursor, rnd = shard.resume_after(consumed)
+        return cursor, rnd
+
+    def _resume_point(self) -> dict[str, Any]:
+        point = super()._resume_point()
+        if self.order == "block":
+            point["round"] = _state.round_code(self._round)
+        return point
 
     def __repr__(self) -> str:
+        block = f", block_size={self.block_size}, window={self.window}" if self.order == "block" else ""
         return (
             f"{type(self).__name__}(n={self._n}, num_replicas={self.num_replicas}, "
             f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, "
-            f"drop_last={self.drop_last}, order={self.order!r}, pad={self.pad}, "
+            f"drop_last={self.drop_last}, order={self.order!r}{block}, pad={self.pad}, "
             f"num_samples={self.num_samples})"
         )
+
+
+def _block_arguments(order: str, block_size: Any, window: Any) -> tuple[int | None, int | None]:
+    """(block_size, window) for the block order, (None, None) for others, or an error naming
+    the argument."""
+    if order != "block":
+        for value, name in ((block_size, "block_size"), (window, "window")):
+            if value is not None:
+                raise ValueError(f"{name} only applies to order='block', got order={order!r}")
+        return None, None
+    if block_size is None:
+        raise ValueError("order='block' needs block_size (items per block), e.g. block_size=64")
+    b = _validate.in_range(block_size, "block_size", 1, _validate.MAX_LENGTH)
+    k = 1 if window is None else _validate.in_range(window, "window", 1, _validate.MAX_LENGTH // b)
+    return b, k
 
 
 class BatchSampler(Sampler[list[int]]):
@@ -269,8 +345,9 @@ class BatchSampler(Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        _distributed.check(self.sampler)
-        shard = self.sampler._current()
+        sampler = self.sampler
+        _distributed.check(sampler)
+        shard = sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)
         self._yielded = 0

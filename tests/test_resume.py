@@ -18,8 +18,15 @@ from fastshard import BatchSampler, DistributedSampler
 ORDERS = list(fastshard._sampler.ORDERS)
 
 
+# The block order runs the same resume tests with small blocks and windows, so that rounds,
+# short blocks and re-deals all occur at these sizes (tests/test_block.py covers it further).
+BLOCK = dict(block_size=3, window=2)
+
+
 def make(n, W, r, **kw):
     epoch = kw.pop("epoch", 3)
+    if kw.get("order") == "block":
+        kw = {**BLOCK, **kw}
     s = DistributedSampler(n, W, r, seed=kw.pop("seed", 17), **kw)
     s.set_epoch(epoch)
     return s
