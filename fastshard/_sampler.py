@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,8 @@ class _ShardSampler(Sampler[int]):
     rank: int
     shuffle: bool
     check_consistency: bool
+    auto_epoch: bool = False
+    _epoch_warned: bool = False
 
     def _make_shard(self, cursor: int) -> _core.Shard:
         raise NotImplementedError
@@ -33,11 +36,39 @@ class _ShardSampler(Sampler[int]):
         self.epoch = epoch
         # Positions of the epoch's global sequence consumed before this pass began (non-zero
         # only after load_state_dict; for the block order also its interrupted round), the
-        # pass's shard (built lazily) and its latest iterator.
+        # pass's shard (built lazily), its latest iterator, and whether a BatchSampler
+        # iterated this pass to its end.
         self._cursor = cursor
         self._round = rnd
         self._shard: _core.Shard | None = None
         self._iterator: Any = None
+        self._pass_done = False
+
+    def _begin_iteration(self) -> None:
+        """At the start of every iteration (of this sampler, or of a BatchSampler over it):
+        after a pass that ran to its end, with no set_epoch or load_state_dict since, advance
+        the epoch (auto_epoch) or warn once that the same order comes again."""
+        it = self._iterator
+        if self.auto_epoch and it is None and (self._cursor or self._round) and self._current().total_size == 0:
+            # A state saved at the end of a pass: its rest is empty on every rank, so the
+            # next epoch begins now rather than after an empty pass.
+            self._start_pass(self.epoch + 1)
+            return
+        if not (self._pass_done or (it is not None and it.__length_hint__() == 0)):
+            return
+        if self.auto_epoch:
+            self._start_pass(self.epoch + 1)
+        elif self.shuffle and not self._epoch_warned:
+            self._epoch_warned = True
+            warnings.warn(
+                f"fastshard.{type(self).__name__}: a new iteration started at epoch {self.epoch}, "
+                "which the previous iteration already yielded to its end, so it repeats the same "
+                "order. Call sampler.set_epoch(epoch) before each epoch (as with torch's "
+                "DistributedSampler), or build the sampler with auto_epoch=True to advance the "
+                "epoch on each new iteration. (Warned once per sampler.)",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # The shard and iterator are caches of compiled objects: rebuilt after unpickling.
@@ -122,6 +153,7 @@ class _ShardSampler(Sampler[int]):
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        self._begin_iteration()
         _distributed.check(self)
         it: Iterator[int] = self._current().iter(0)
         self._iterator = it
@@ -189,6 +221,12 @@ class DistributedSampler(_ShardSampler):
         drop_last, pad and num_replicas, and raises :class:`fastshard.InconsistentRanksError`
         on every rank if not. It is a collective: every rank must iterate as often. ``False``
         turns it off; it must be the same on every rank.
+    auto_epoch : bool
+        ``True``: each new iteration that follows one which ran to its end advances the
+        epoch by one, so a loop that never calls ``set_epoch`` still gets a fresh order every
+        epoch. ``set_epoch`` and ``load_state_dict`` still set the epoch (and then the next
+        iteration does not advance it). Default ``False``, as torch: the same epoch repeats
+        until ``set_epoch``, and a shuffled sampler warns once when that happens.
     """
 
     def __init__(
@@ -205,6 +243,7 @@ class DistributedSampler(_ShardSampler):
         check_consistency: bool = True,
         block_size: int | None = None,
         window: int | None = None,
+        auto_epoch: bool = False,
     ) -> None:
         self.dataset = dataset
         self._n = _validate.length(dataset)
@@ -216,6 +255,7 @@ class DistributedSampler(_ShardSampler):
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.pad = _validate.flag(pad, "pad")
         self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
@@ -346,6 +386,7 @@ class BatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         sampler = self.sampler
+        sampler._begin_iteration()
         _distributed.check(sampler)
         shard = sampler._current()
         size = self.batch_size
@@ -355,6 +396,8 @@ class BatchSampler(Sampler[list[int]]):
             batch = shard.batch(start, min(start + size, end))
             self._yielded += 1
             yield batch
+        if sampler._shard is shard:  # no set_epoch / load_state_dict meanwhile
+            sampler._pass_done = True
 
     def __repr__(self) -> str:
         return f"BatchSampler({self.sampler!r}, batch_size={self.batch_size}, drop_last={self.drop_last})"
