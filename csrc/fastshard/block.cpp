@@ -252,30 +252,22 @@ std::uint64_t BlockShard::window_key(std::uint64_t start, std::uint64_t len) con
     return mix64(mix64(key_ ^ start) ^ (len * kGolden));
 }
 
-void BlockShard::window_items(std::uint64_t start, std::uint64_t len, std::uint64_t u0,
-                              std::uint64_t count, std::int64_t* out) const {
-    // int64 and uint64 may alias: positions are written in place, then mapped there.
-    auto* x = reinterpret_cast<std::uint64_t*>(out);
+void BlockShard::window_positions(std::uint64_t start, std::uint64_t len, std::uint64_t u0,
+                                  std::uint64_t count, std::uint64_t* x) const {
     for (std::uint64_t i = 0; i < count; ++i) x[i] = u0 + i;
     if (spec_.shuffle && len >= 2) window_perm(len, window_key(start, len)).apply(x, static_cast<std::size_t>(count));
     for (std::uint64_t i = 0; i < count; ++i) x[i] += start;
-    layout_.items(x, static_cast<std::size_t>(count));
 }
 
-std::int64_t BlockShard::layout_item(std::uint64_t position) const noexcept {
-    layout_.items(&position, 1);
-    return static_cast<std::int64_t>(position);
-}
-
-std::int64_t BlockShard::round_item(std::uint64_t i, std::uint64_t u) const {
+std::uint64_t BlockShard::round_position(std::uint64_t i, std::uint64_t u) const {
     const BlockRound& d = geo_.resume.round;
     const std::uint64_t start = geo_.resume.cursor + i * d.size + std::min(i, d.rem);
-    std::int64_t v = 0;
-    window_items(start, d.size + (i < d.rem ? 1 : 0), u, 1, &v);
-    return v;
+    std::uint64_t p = 0;
+    window_positions(start, d.size + (i < d.rem ? 1 : 0), u, 1, &p);
+    return p;
 }
 
-void BlockShard::fill_head(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const {
+void BlockShard::head_positions(std::uint64_t k0, std::uint64_t count, std::uint64_t* x) const {
     const Geometry& g = geo_;
     const BlockRound& d = g.resume.round;
     if (g.own) {
@@ -284,14 +276,14 @@ void BlockShard::fill_head(std::uint64_t k0, std::uint64_t count, std::int64_t* 
         const std::uint64_t len = d.size + (i < d.rem ? 1 : 0);
         const std::uint64_t u0 = d.offset + k0;
         const std::uint64_t real = u0 < len ? std::min(count, len - u0) : 0;
-        if (real != 0) window_items(start, len, u0, real, out);
+        if (real != 0) window_positions(start, len, u0, real, x);
         for (std::uint64_t k = real; k < count; ++k) {
             // Padding: the round's plan repeated the chunk's first item, or wrapped to the
             // layout's start when the chunk was empty.
             if (len != 0) {
-                window_items(start, len, 0, 1, out + k);
+                window_positions(start, len, 0, 1, x + k);
             } else {
-                out[k] = layout_item((i - d.rem) % g.n);
+                x[k] = (i - d.rem) % g.n;
             }
         }
         return;
@@ -303,15 +295,15 @@ void BlockShard::fill_head(std::uint64_t k0, std::uint64_t count, std::int64_t* 
         if (at < g.dealt_tails) {
             std::uint64_t j = d.taken + at;  // index in the tails T
             if (j < hi_total) {
-                out[k] = round_item(j / g.tail_hi, d.offset + j % g.tail_hi);
+                x[k] = round_position(j / g.tail_hi, d.offset + j % g.tail_hi);
             } else {
                 j -= hi_total;
-                out[k] = round_item(d.rem + j / g.tail_lo, d.offset + j % g.tail_lo);
+                x[k] = round_position(d.rem + j / g.tail_lo, d.offset + j % g.tail_lo);
             }
         } else if (at < g.rest) {
-            out[k] = layout_item(g.round_end + (at - g.dealt_tails));
+            x[k] = g.round_end + (at - g.dealt_tails);
         } else {
-            out[k] = layout_item((at - g.rest) % g.n);  // padding wraps to the layout's start
+            x[k] = (at - g.rest) % g.n;  // padding wraps to the layout's start
         }
     }
 }
@@ -321,39 +313,43 @@ void BlockShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t*
     const std::uint64_t w = g.num_replicas;
     const std::uint64_t c = g.chunk;
     const std::uint64_t body_end = g.head + g.rounds * c;
+    // int64 and uint64 may alias: layout positions are written in place, then mapped to
+    // items there in one pass.
+    auto* x = reinterpret_cast<std::uint64_t*>(out);
     std::uint64_t k = k0;
     const std::uint64_t end = k0 + count;
     while (k < end) {
         std::uint64_t m = 0;
         if (k < g.head) {
             m = std::min(end, g.head) - k;
-            fill_head(k, m, out);
+            head_positions(k, m, x);
         } else if (k < body_end) {
             const std::uint64_t k2 = k - g.head;
             const std::uint64_t q = k2 / c;
             const std::uint64_t u = k2 % c;
             m = std::min(end - k, c - u);
-            window_items(g.start + (q * w + g.rank) * c, c, u, m, out);
+            window_positions(g.start + (q * w + g.rank) * c, c, u, m, x);
         } else {
             const std::uint64_t u = k - body_end;
             const std::uint64_t start = g.last_start + g.rank * g.last_size + std::min(g.rank, g.last_rem);
             const std::uint64_t len = g.last_size + (g.rank < g.last_rem ? 1 : 0);
             m = end - k;
             const std::uint64_t real = u < len ? std::min(m, len - u) : 0;
-            if (real != 0) window_items(start, len, u, real, out);
+            if (real != 0) window_positions(start, len, u, real, x);
             for (std::uint64_t i = real; i < m; ++i) {
                 // Padding (pad=True, ranks >= last_rem): the chunk's first item again, so the
                 // rank stays in its blocks; an empty chunk wraps to the layout's start.
                 if (len != 0) {
-                    window_items(start, len, 0, 1, out + i);
+                    window_positions(start, len, 0, 1, x + i);
                 } else {
-                    out[i] = layout_item((g.rank - g.last_rem) % g.n);
+                    x[i] = (g.rank - g.last_rem) % g.n;
                 }
             }
         }
         k += m;
-        out += m;
+        x += m;
     }
+    layout_.items(reinterpret_cast<std::uint64_t*>(out), static_cast<std::size_t>(count));
 }
 
 BlockResume BlockShard::resume_after(std::uint64_t k) const {

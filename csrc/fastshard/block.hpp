@@ -137,13 +137,13 @@ class BlockShard final : public Shard {
     BlockShard(const Geometry& geo, const BlockSpec& spec, std::uint64_t key);
 
     std::uint64_t window_key(std::uint64_t start, std::uint64_t len) const noexcept;
-    // out[i] = item of the chunk [start, start + len)'s shuffled position u0 + i (u0 + count <= len).
-    void window_items(std::uint64_t start, std::uint64_t len, std::uint64_t u0, std::uint64_t count,
-                      std::int64_t* out) const;
-    std::int64_t layout_item(std::uint64_t position) const noexcept;
-    // An item of the interrupted round: chunk i's shuffled position u.
-    std::int64_t round_item(std::uint64_t i, std::uint64_t u) const;
-    void fill_head(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const;
+    // x[i] = layout position of the chunk [start, start + len)'s shuffled position u0 + i
+    // (u0 + count <= len).
+    void window_positions(std::uint64_t start, std::uint64_t len, std::uint64_t u0, std::uint64_t count,
+                          std::uint64_t* x) const;
+    // The layout position of the interrupted round's chunk i, shuffled position u.
+    std::uint64_t round_position(std::uint64_t i, std::uint64_t u) const;
+    void head_positions(std::uint64_t k0, std::uint64_t count, std::uint64_t* x) const;
 
     Geometry geo_;
     BlockSpec spec_;
