@@ -59,7 +59,9 @@ def distinct_pages(
     return float(np.mean([len(np.unique(pages[i * span : (i + 1) * span])) for i in range(runs)]))
 
 
-def table(n: int = 3_906_250, num_replicas: int = 8, span: int = 10_000, record_size: int = 512) -> list[dict[str, Any]]:
+def table(
+    n: int = 3_906_250, num_replicas: int = 8, span: int = 10_000, record_size: int = 512
+) -> list[dict[str, Any]]:
     """One row per configuration: pages per span, 1 MiB extents per span, and pages relative
     to the default order."""
     rows = []
@@ -76,7 +78,9 @@ def table(n: int = 3_906_250, num_replicas: int = 8, span: int = 10_000, record_
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=3_906_250, help="records (default: 2 GB of 512-byte records)")
+    p.add_argument(
+        "--n", type=int, default=3_906_250, help="records (default: 2 GB of 512-byte records)"
+    )
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--span", type=int, default=10_000)
     p.add_argument("--record-size", type=int, default=512)
@@ -88,7 +92,9 @@ def main() -> None:
     print("| order | distinct 4 KiB pages | vs default | distinct 1 MiB extents |")
     print("|---|---:|---:|---:|")
     for row in table(args.n, args.replicas, args.span, args.record_size):
-        print(f"| {row['order']} | {row['pages']:,.1f} | {row['vs_default']:.3f} | {row['extents_1MiB']:,.1f} |")
+        print(
+            f"| {row['order']} | {row['pages']:,.1f} | {row['vs_default']:.3f} | {row['extents_1MiB']:,.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,10 @@ def make_file(path: Path, n: int) -> None:
             f.write(rows.tobytes())
         f.flush()
         os.fsync(f.fileno())
-    print(f"wrote {path} ({n * RECORD / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"wrote {path} ({n * RECORD / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -150,7 +153,9 @@ def main() -> None:
         cells = []
         for a, _ in advices:
             med = statistics.median(results[(label, a)])
-            cells.append(f"{med:,.0f} ({med / base[a]:.1f}x) | {statistics.median(cached[(label, a)]):,.0f}")
+            cells.append(
+                f"{med:,.0f} ({med / base[a]:.1f}x) | {statistics.median(cached[(label, a)]):,.0f}"
+            )
         print(f"| {label} | " + " | ".join(cells) + " |")
     if not args.keep:
         args.path.unlink()

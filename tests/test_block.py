@@ -17,7 +17,9 @@ from .conftest import run_python
 
 
 def make(n, W, r, B, K=1, epoch=0, **kw):
-    s = DistributedSampler(n, W, r, seed=kw.pop("seed", 29), order="block", block_size=B, window=K, **kw)
+    s = DistributedSampler(
+        n, W, r, seed=kw.pop("seed", 29), order="block", block_size=B, window=K, **kw
+    )
     s.set_epoch(epoch)
     return s
 
@@ -199,7 +201,9 @@ def test_each_epoch_is_a_fresh_order_of_blocks():
 
 
 # -- access paths -------------------------------------------------------------------------------
-@pytest.mark.parametrize("n,W,r,B,K", [(10, 3, 1, 4, 1), (1000, 8, 7, 5, 3), (300_001, 2, 1, 64, 16), (5, 8, 6, 2, 2)])
+@pytest.mark.parametrize(
+    "n,W,r,B,K", [(10, 3, 1, 4, 1), (1000, 8, 7, 5, 3), (300_001, 2, 1, 64, 16), (5, 8, 6, 2, 2)]
+)
 def test_iteration_indices_getitem_and_batches_agree(n, W, r, B, K):
     s = make(n, W, r, B, K, epoch=3)
     as_list = list(s)
@@ -367,9 +371,15 @@ def test_exact_resume_inside_an_elastic_redeal(worlds, B, K):
         for pad in (True, False):
             straight, _ = run_chain(n, worlds[:2], [frac], B, K, pad=pad)
             for inner in (0.0, 0.01, 0.05, 0.2, 0.7, 1.0):
-                chained, _ = run_chain(n, worlds, [frac] + [inner] * (len(worlds) - 2), B, K, pad=pad)
+                chained, _ = run_chain(
+                    n, worlds, [frac] + [inner] * (len(worlds) - 2), B, K, pad=pad
+                )
                 for r in range(worlds[1]):
-                    assert [x for world in chained[1:] for x in world[r]] == straight[1][r], (frac, inner, r)
+                    assert [x for world in chained[1:] for x in world[r]] == straight[1][r], (
+                        frac,
+                        inner,
+                        r,
+                    )
 
 
 @pytest.mark.parametrize("B,K", [(3, 2), (4, 4), (16, 2), (2, 16)])
@@ -506,7 +516,9 @@ def test_consistency_row_covers_the_round():
     a, b = make(300, 3, 0, 4, 2), make(300, 3, 1, 4, 2)
     state = good_state()
     a.load_state_dict(state)
-    b.load_state_dict({**state, "round": {**state["round"], "offset": state["round"]["offset"] - 1}})
+    b.load_state_dict(
+        {**state, "round": {**state["round"], "offset": state["round"]["offset"] - 1}}
+    )
     fa, fb = _distributed._fields(a), _distributed._fields(b)
     assert fa["cursor"] == fb["cursor"] and fa["round"] != fb["round"] and fa["round"] != 0
     assert len(_distributed._row(fa)) == _distributed.WIDTH
@@ -557,7 +569,9 @@ def stats_plan(K, seed=0, shuffle=True):
     B, W, R = STATS["B"], STATS["W"], STATS["R"]
     n = W * K * B * R
     samplers = [
-        DistributedSampler(n, W, r, seed=seed, order="block", block_size=B, window=K, shuffle=shuffle)
+        DistributedSampler(
+            n, W, r, seed=seed, order="block", block_size=B, window=K, shuffle=shuffle
+        )
         for r in range(W)
     ]
     return n, samplers

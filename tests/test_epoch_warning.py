@@ -21,7 +21,9 @@ def samplers(**kw):
         DistributedSampler(100, 4, 1, seed=3, **kw),
         DistributedSampler(100, 4, 1, seed=3, order="block", block_size=4, window=2, **kw),
         WeightedDistributedSampler(np.arange(1.0, 51.0), 60, num_replicas=2, rank=1, **kw),
-        WeightedDistributedSampler(np.arange(1.0, 51.0), 40, replacement=False, num_replicas=2, rank=0, **kw),
+        WeightedDistributedSampler(
+            np.arange(1.0, 51.0), 40, replacement=False, num_replicas=2, rank=0, **kw
+        ),
     ]
 
 
