@@ -10,7 +10,10 @@ from torch.utils.data import Sampler
 
 from . import _core, _validate, _world
 
-ORDERS = ("feistel",)
+ORDERS = ("feistel", "torch")
+
+# torch.Generator.manual_seed accepts [-2**63, 2**64); order="torch" seeds with seed + epoch.
+_TORCH_SEED_MIN, _TORCH_SEED_MAX = -(2**63), 2**64 - 1
 
 
 class DistributedSampler(Sampler[int]):
@@ -30,11 +33,18 @@ class DistributedSampler(Sampler[int]):
     shuffle : bool
         ``False`` takes the items in order.
     seed : int
-        Any Python int; reduced modulo ``2**64``.
+        Any Python int; reduced modulo ``2**64``. With ``order="torch"``, ``seed + epoch``
+        must lie in ``[-2**63, 2**64)`` as for :meth:`torch.Generator.manual_seed`.
     drop_last : bool
         Truncate to a multiple of ``num_replicas`` instead of padding.
-    order : {"feistel"}
+    order : {"feistel", "torch"}
         ``"feistel"``: a keyed bijection of ``[0, n)``, a fresh one for every (n, seed, epoch).
+        ``"torch"``: exactly the indices of torch's sampler for the same arguments, seed and
+        epoch. It costs what torch's order costs by nature: torch's shuffle is sequential, so
+        the epoch's whole permutation is built (in C++) when the epoch is first used, in O(n)
+        time and 4 bytes per item of transient memory (8 above ``2**32`` items); then only
+        this rank's ``num_samples`` items are kept. The default order costs O(1) time and
+        memory per index and nothing up front.
     pad : bool
         ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
         lengths differ by at most one. For evaluation.
@@ -68,8 +78,21 @@ class DistributedSampler(Sampler[int]):
         self._shard: _core.Shard | None = None
 
     # -- the epoch's shard ------------------------------------------------------------------
+    def _check_torch_seed(self, epoch: int) -> None:
+        # torch.Generator.manual_seed(seed + epoch) refuses values outside [-2**63, 2**64);
+        # wrapping them silently would yield an order torch never produces.
+        if self.order == "torch" and self.shuffle:
+            value = self.seed + epoch
+            if not _TORCH_SEED_MIN <= value <= _TORCH_SEED_MAX:
+                raise ValueError(
+                    f'order="torch" seeds torch.Generator.manual_seed(seed + epoch), which '
+                    f"needs a value in [-2**63, 2**64 - 1]; seed + epoch = {self.seed} + "
+                    f"{epoch} = {value}"
+                )
+
     def _current(self) -> _core.Shard:
         if self._shard is None:
+            self._check_torch_seed(self.epoch)
             self._shard = _core.Shard(
                 self._n,
                 self.num_replicas,
@@ -85,7 +108,9 @@ class DistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64)."""
-        self.epoch = _validate.integer(epoch, "epoch")
+        epoch = _validate.integer(epoch, "epoch")
+        self._check_torch_seed(epoch)
+        self.epoch = epoch
         self._shard = None
 
     # -- torch's attributes -----------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fastshard/mix.hpp"
+#include "fastshard/torch_order.hpp"
 
 namespace fastshard {
 
@@ -58,6 +59,8 @@ std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint
     switch (order) {
         case Order::identity:
             return std::make_shared<PermutationShard<Identity>>(plan, Identity{});
+        case Order::torch:
+            return std::make_shared<TorchShard>(plan, torch_seed(seed, epoch));
         case Order::feistel:
             break;
     }
