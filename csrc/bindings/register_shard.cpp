@@ -77,7 +77,10 @@ PyShard make(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bo
         throw py::value_error("num_replicas must be in [1, 2**63 - 1]");
     if (rank >= num_replicas) throw py::value_error("rank must be in [0, num_replicas)");
     const auto plan = fastshard::Plan::make(n, num_replicas, rank, drop_last, pad, cursor);
-    return PyShard{fastshard::make_shard(plan, parse_order(order), seed, epoch)};
+    const auto kind = parse_order(order);
+    // Safe without the GIL: only C++ values are involved. The torch order spends O(n) here.
+    py::gil_scoped_release release;
+    return PyShard{fastshard::make_shard(plan, kind, seed, epoch)};
 }
 
 }  // namespace

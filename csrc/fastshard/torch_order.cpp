@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <vector>
@@ -96,7 +98,8 @@ struct FreeDeleter {
 template <class T>
 std::unique_ptr<T[], FreeDeleter> allocate(std::uint64_t count) {
     if (count > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_alloc();
-    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(count) * sizeof(T), 1);
+    const std::size_t bytes =
+        std::max<std::size_t>(static_cast<std::size_t>(count) * sizeof(T), 1);
     void* p = nullptr;
 #if defined(__linux__)
     constexpr std::size_t kHuge = std::size_t{1} << 21;
@@ -195,8 +198,10 @@ void inside_out(T* r, std::uint64_t n, std::uint32_t seed) {
 template <class T>
 void randperm(T* out, std::uint64_t n, std::uint32_t seed, TorchAlgorithm algorithm) {
     if (algorithm == TorchAlgorithm::automatic)
-        algorithm = n < kTorchInsideOutFrom ? TorchAlgorithm::fisher_yates : TorchAlgorithm::inside_out;
-    if (sizeof(T) < sizeof(std::uint64_t) && n > std::uint64_t{std::numeric_limits<T>::max()} + 1)
+        algorithm = n < kTorchInsideOutFrom ? TorchAlgorithm::fisher_yates
+                                            : TorchAlgorithm::inside_out;
+    if (sizeof(T) < sizeof(std::uint64_t) &&
+        n > std::uint64_t{std::numeric_limits<T>::max()} + 1)
         throw std::invalid_argument("torch_randperm: n is too large for the item type");
     if (algorithm == TorchAlgorithm::fisher_yates) {
         if (n > std::numeric_limits<std::uint32_t>::max())
@@ -230,26 +235,39 @@ std::vector<T> keep_rank_items(const Plan& plan, std::uint32_t seed, TorchAlgori
 
 }  // namespace
 
-void torch_randperm(std::uint32_t* out, std::uint64_t n, std::uint32_t seed, TorchAlgorithm algorithm) {
+void torch_randperm(std::uint32_t* out, std::uint64_t n, std::uint32_t seed,
+                    TorchAlgorithm algorithm) {
     randperm(out, n, seed, algorithm);
 }
 
-void torch_randperm(std::uint64_t* out, std::uint64_t n, std::uint32_t seed, TorchAlgorithm algorithm) {
+void torch_randperm(std::uint64_t* out, std::uint64_t n, std::uint32_t seed,
+                    TorchAlgorithm algorithm) {
     randperm(out, n, seed, algorithm);
 }
 
-void torch_randperm(std::int64_t* out, std::uint64_t n, std::uint32_t seed, TorchAlgorithm algorithm) {
+void torch_randperm(std::int64_t* out, std::uint64_t n, std::uint32_t seed,
+                    TorchAlgorithm algorithm) {
     if (n <= kMax32) {
-        auto perm = allocate<std::uint32_t>(n);
-        randperm(perm.get(), n, seed, algorithm);
-        for (std::uint64_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>(perm[i]);
+        // Shuffle 32-bit items in the first half of `out` (half the memory traffic of 64-bit
+        // ones, and no scratch buffer), then widen in place from the end: item i moves from
+        // bytes [4i, 4i + 4) to [8i, 8i + 8), which hold only items >= i, all read already.
+        // memcpy, not typed accesses, because the two views of the bytes overlap.
+        randperm(reinterpret_cast<std::uint32_t*>(out), n, seed, algorithm);
+        auto* bytes = reinterpret_cast<unsigned char*>(out);
+        for (std::uint64_t i = n; i-- > 0;) {
+            std::uint32_t narrow;
+            std::memcpy(&narrow, bytes + 4 * i, sizeof narrow);
+            const std::int64_t wide = narrow;
+            std::memcpy(bytes + 8 * i, &wide, sizeof wide);
+        }
     } else {
         // uint64_t may alias int64_t, and every item < n < 2^63 reads back unchanged.
         randperm(reinterpret_cast<std::uint64_t*>(out), n, seed, algorithm);
     }
 }
 
-TorchShard::TorchShard(const Plan& plan, std::uint32_t seed, TorchAlgorithm algorithm) : Shard(plan) {
+TorchShard::TorchShard(const Plan& plan, std::uint32_t seed, TorchAlgorithm algorithm)
+    : Shard(plan) {
     if (plan.n <= kMax32)
         items32_ = keep_rank_items<std::uint32_t>(plan, seed, algorithm);
     else

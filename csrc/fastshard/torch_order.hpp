@@ -42,8 +42,7 @@ void torch_randperm(std::uint32_t* out, std::uint64_t n, std::uint32_t seed,
                     TorchAlgorithm algorithm = TorchAlgorithm::automatic);
 void torch_randperm(std::uint64_t* out, std::uint64_t n, std::uint32_t seed,
                     TorchAlgorithm algorithm = TorchAlgorithm::automatic);
-// Same, as torch's int64 output: shuffled in a 32-bit scratch buffer while n <= 2^32 (as the
-// shard does), then widened into out.
+// Same, as torch's int64 output (shuffled as 32-bit items in place while n <= 2^32).
 void torch_randperm(std::int64_t* out, std::uint64_t n, std::uint32_t seed,
                     TorchAlgorithm algorithm = TorchAlgorithm::automatic);
 
