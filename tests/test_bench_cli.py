@@ -67,6 +67,7 @@ def test_quick_run_prints_the_table_and_writes_its_files(tmp_path):
     for c in cases.values():
         assert c["length"] == c["count"] == len(ours) == 1250
         assert not c["prefix"]
+        assert len(c["cpu_s"]) == len(c["total_s"]) == 1 and c["cpu_s"][0] >= 0
         # VmHWM was read (a child with numpy imported holds megabytes), and never shrinks.
         assert c["baseline_bytes"] > 2**20 and c["peak_bytes"] >= c["baseline_bytes"]
         assert c["growth_bytes"] == c["peak_bytes"] - c["baseline_bytes"]
