@@ -39,6 +39,13 @@ QUICK_SIZES = (10**5, 10**6)
 # The core issue's memory target: peak growth while iterating an epoch of this many indices.
 TARGET_MEMORY_INDICES = 25_000_000
 TARGET_MEMORY_LIMIT = 64 * _MiB
+# The core targets' time comparisons, also timed as interleaved pairs: (A, B, n), A first.
+PAIRS = (
+    (("fastshard", "iter"), ("torch", "iter"), 10**7),
+    (("fastshard", "iter"), ("list", "iter"), 10**7),
+    (("fastshard", "array"), ("arange", "array"), 10**9),
+)
+PAIR_ROUNDS = 9
 # Without an earlier measurement of the same sampler, a case above this n is first measured here
 # and extrapolated, so that a sampler whose memory grows with n is never started blind.
 CALIBRATION_N = 10**6
@@ -200,8 +207,57 @@ def _adapter(sampler: str, n: int, world: int, rank: int) -> _Adapter:
     raise ValueError(f"unknown sampler {sampler!r}")
 
 
+def _run_once(adapter: _Adapter, mode: str, count: int) -> dict[str, Any]:
+    """One timed pass: build the sampler and take `count` indices (iter) or its array."""
+    length = adapter.length
+    # Wall time is what a user waits; process CPU time (all threads) is kept beside it because
+    # other jobs on a shared machine inflate wall time but hardly the CPU time of one thread.
+    if mode == "iter":
+        c0, t0 = time.process_time(), time.perf_counter()
+        it = adapter.iterate()
+        first = next(it, None)
+        c1, t1 = time.process_time(), time.perf_counter()
+        if first is not None:
+            if count == length:
+                for _ in it:
+                    pass
+            else:
+                for _ in itertools.islice(it, count - 1):
+                    pass
+        c2, t2 = time.process_time(), time.perf_counter()
+        del it
+        if length and first is None:
+            raise RuntimeError("the sampler yielded nothing")
+        if adapter.counted is not None and count == length and adapter.counted != length:
+            raise RuntimeError(f"expected {length} indices, the sampler yielded {adapter.counted}")
+        return {
+            "first": t1 - t0,
+            "first_cpu": c1 - c0,
+            "total": t2 - t0,
+            "cpu": c2 - c0,
+            "value": first,
+        }
+    if mode == "array":
+        c0, t0 = time.process_time(), time.perf_counter()
+        out = adapter.array()
+        c2, t2 = time.process_time(), time.perf_counter()
+        if len(out) != length or str(out.dtype) != "int64":
+            raise RuntimeError(f"array of {len(out)} {out.dtype}, expected {length} int64")
+        value = int(out[0]) if length else None
+        del out
+        return {"first": None, "first_cpu": None, "total": t2 - t0, "cpu": c2 - c0, "value": value}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one case in this process (the child's body): time it and read its peak memory."""
+    """Run one case in this process (the child's body): time it and read its peak memory.
+
+    With ``mode="pair"`` it times two samplers instead, ``spec["pair"] = [[sampler, mode],
+    [sampler, mode]]``, interleaved round by round (A B, then B A, ...) so that both see the
+    same machine; the caller compares them round by round.
+    """
+    if spec["mode"] == "pair":
+        return _measure_pair(spec)
     n, world, rank, mode = spec["n"], spec["world"], spec["rank"], spec["mode"]
     prefix: int | None = spec.get("prefix")
     adapter = _adapter(spec["sampler"], n, world, rank)
@@ -209,50 +265,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     count = length if prefix is None else min(prefix, length)
     baseline = _status_bytes("VmHWM")
     adapter.prepare()
-    # Wall time is what a user waits; process CPU time (all threads) is kept beside it because
-    # other jobs on a shared machine inflate wall time but hardly the CPU time of one thread.
-    first_s: list[float] = []
-    total_s: list[float] = []
-    first_cpu_s: list[float] = []
-    cpu_s: list[float] = []
-    first_value: int | None = None
+    runs: list[dict[str, Any]] = []
     began = time.perf_counter()
     for _ in range(max(1, spec["repeat"])):
-        if mode == "iter":
-            c0, t0 = time.process_time(), time.perf_counter()
-            it = adapter.iterate()
-            first = next(it, None)
-            c1, t1 = time.process_time(), time.perf_counter()
-            if first is not None:
-                if count == length:
-                    for _ in it:
-                        pass
-                else:
-                    for _ in itertools.islice(it, count - 1):
-                        pass
-            c2, t2 = time.process_time(), time.perf_counter()
-            del it
-            first_value = first
-            if length and first is None:
-                raise RuntimeError("the sampler yielded nothing")
-            if adapter.counted is not None and count == length and adapter.counted != length:
-                raise RuntimeError(
-                    f"expected {length} indices, the sampler yielded {adapter.counted}"
-                )
-            first_s.append(t1 - t0)
-            first_cpu_s.append(c1 - c0)
-        elif mode == "array":
-            c0, t0 = time.process_time(), time.perf_counter()
-            out = adapter.array()
-            c2, t2 = time.process_time(), time.perf_counter()
-            if len(out) != length or str(out.dtype) != "int64":
-                raise RuntimeError(f"array of {len(out)} {out.dtype}, expected {length} int64")
-            first_value = int(out[0]) if length else None
-            del out
-        else:
-            raise ValueError(f"unknown mode {mode!r}")
-        total_s.append(t2 - t0)
-        cpu_s.append(c2 - c0)
+        runs.append(_run_once(adapter, mode, count))
         if time.perf_counter() - began > spec.get("budget", float("inf")):
             break
     peak = _status_bytes("VmHWM")
@@ -260,14 +276,34 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "length": length,
         "count": count,
         "prefix": count < length,
-        "first_s": first_s,
-        "total_s": total_s,
-        "first_cpu_s": first_cpu_s,
-        "cpu_s": cpu_s,
-        "first_value": first_value,
+        "first_s": [r["first"] for r in runs if r["first"] is not None],
+        "total_s": [r["total"] for r in runs],
+        "first_cpu_s": [r["first_cpu"] for r in runs if r["first_cpu"] is not None],
+        "cpu_s": [r["cpu"] for r in runs],
+        "first_value": runs[-1]["value"],
         "baseline_bytes": baseline,
         "peak_bytes": peak,
         "growth_bytes": max(0, peak - baseline),
+    }
+
+
+def _measure_pair(spec: dict[str, Any]) -> dict[str, Any]:
+    n, world, rank = spec["n"], spec["world"], spec["rank"]
+    sides = [(_adapter(s, n, world, rank), m) for s, m in spec["pair"]]
+    for adapter, _ in sides:
+        adapter.prepare()
+    times: list[list[dict[str, Any]]] = [[], []]
+    began = time.perf_counter()
+    for i in range(max(1, spec["repeat"])):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            adapter, mode = sides[side]
+            times[side].append(_run_once(adapter, mode, adapter.length))
+        if time.perf_counter() - began > spec.get("budget", float("inf")):
+            break
+    return {
+        "length": sides[0][0].length,
+        "total_s": [[r["total"] for r in side] for side in times],
+        "cpu_s": [[r["cpu"] for r in side] for side in times],
     }
 
 
@@ -578,6 +614,21 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for m in modes[s]
     ]
     if not args.quick and not args.no_targets:
+        # The core targets' time ratios, each timed once more as interleaved pairs in one
+        # process: separate children run minutes apart on a shared machine, pairs do not.
+        plan += [
+            {
+                "sampler": a,
+                "mode": "pair",
+                "pair": [[a, ma], [b, mb]],
+                "n": n,
+                "world": world,
+                "rank": 0,
+                "role": "target-pair",
+            }
+            for (a, ma), (b, mb), n in PAIRS
+            if a in usable and b in usable and n in sizes
+        ]
         # The memory target is one whole epoch of 2.5e7 indices (W=1); torch beside it shows
         # what the same epoch costs there.
         plan += [
@@ -627,8 +678,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     def history(s: str, m: str) -> list[dict[str, Any]]:
         return [c for c in cases if c["sampler"] == s and c["mode"] == m and c.get("ok")]
 
-    def execute(case: dict[str, Any], prefix: int | None) -> dict[str, Any]:
-        spec = {**case, "repeat": repeat, "budget": args.budget, "prefix": prefix}
+    def execute(case: dict[str, Any], prefix: int | None, rounds: int = repeat) -> dict[str, Any]:
+        spec = {**case, "repeat": rounds, "budget": args.budget, "prefix": prefix}
         result = run_case(spec, args.timeout, max_mem)
         record = {**case, **result, "prefix_limit": prefix}
         cases.append(record)
@@ -639,6 +690,25 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         progress.start(f"{s} {m} n={_fmt_n(n)}")
         if s in failed:
             cases.append({**case, "ok": False, "skipped": True, "error": failed[s]})
+            progress.advance()
+            continue
+        if m == "pair":
+            # Both sides live in one process: add their predicted peaks (which counts the
+            # baseline twice: on the safe side).
+            guesses = [_predict(history(ps, pm), n) for ps, pm in case["pair"]]
+            peak = sum(g["peak_bytes"] for g in guesses if g)
+            if all(guesses) and peak > max_mem:
+                cases.append(
+                    {
+                        **case,
+                        "ok": False,
+                        "skipped": True,
+                        "error": f"skipped: predicted peak {_fmt_bytes(peak)} > limit "
+                        f"{_fmt_bytes(max_mem)}",
+                    }
+                )
+            else:
+                execute(case, None, PAIR_ROUNDS)
             progress.advance()
             continue
         if not any(c["n"] < n for c in history(s, m)) and n > CALIBRATION_N:
@@ -815,16 +885,25 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _best(case: dict[str, Any], key: str) -> float | None:
-    values = case.get(key)
+def _best(case: dict[str, Any] | None, key: str) -> float | None:
+    values = case.get(key) if case is not None else None
     return float(min(values)) if values else None
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The core issue's targets, from this run's cases (met is None where not measured).
 
-    ``ratio`` compares wall times; ``cpu_ratio`` compares process CPU times, which other jobs
-    on a shared machine distort far less (given only where both sides run on one thread).
+    Time ratios come two ways: from the separate children of the peer table (best of R each,
+    wall and process CPU time), and from interleaved pairs in one child (the median of the
+    per-round ratios). On a shared machine the pairs are the steadier figure, so ``met`` is
+    judged on them where they ran. CPU-time ratios are given only where both sides run on one
+    thread.
     """
     cases, w = results["cases"], results["meta"]["world"]
     n_big = max(results["meta"]["sizes"])
@@ -836,23 +915,43 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     def ratio(num: float | None, den: float | None) -> float | None:
         return num / den if num is not None and den else None
 
+    def paired(
+        a: tuple[str, str], b: tuple[str, str], n: int, key: str, b_over_a: bool
+    ) -> tuple[float | None, int]:
+        for c in cases:
+            if (
+                c.get("role") == "target-pair"
+                and c.get("ok")
+                and c["n"] == n
+                and [tuple(x) for x in c["pair"]] == [a, b]
+            ):
+                ta, tb = c[key]
+                rounds = [(y / x if b_over_a else x / y) for x, y in zip(ta, tb) if x > 0 and y > 0]
+                return (_median(rounds) if rounds else None), len(rounds)
+        return None, 0
+
     def add(
         target: str,
         goal: str,
         good: Callable[[float], bool],
-        wall: float | None,
-        cpu: float | None,
         detail: str | None,
+        sep: tuple[float | None, float | None],
+        pair: tuple[float | None, float | None],
+        rounds: int,
         missing: str,
     ) -> None:
+        judged = pair[0] if pair[0] is not None else sep[0]
         out.append(
             {
                 "target": target,
                 "goal": goal,
-                "ratio": wall,
-                "cpu_ratio": cpu,
-                "met": None if wall is None else good(wall),
-                "detail": detail if wall is not None else missing,
+                "detail": detail or missing,
+                "ratio": sep[0],
+                "cpu_ratio": sep[1],
+                "pair_ratio": pair[0],
+                "pair_cpu_ratio": pair[1],
+                "pair_rounds": rounds,
+                "met": None if judged is None else good(judged),
             }
         )
 
@@ -862,45 +961,64 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"first index: fastshard at n={_fmt_n(n_big)} vs torch at n=1e7 (W={w})",
         ">= 1000x faster",
         lambda r: r >= 1000,
-        ratio(_best(tt, "first_s"), _best(fs, "first_s")) if fs and tt else None,
-        ratio(_best(tt, "first_cpu_s"), _best(fs, "first_cpu_s")) if fs and tt else None,
         f"{_fmt_time(_best(fs, 'first_s'))} vs {_fmt_time(_best(tt, 'first_s'))}"
         if fs and tt
         else None,
+        (
+            ratio(_best(tt, "first_s"), _best(fs, "first_s")),
+            ratio(_best(tt, "first_cpu_s"), _best(fs, "first_cpu_s")),
+        ),
+        (None, None),
+        0,
         "needs size 1e7 and a larger n",
     )
 
     fs = ok(_find(cases, "fastshard", "iter", 10**7))
     ls = ok(_find(cases, "list", "iter", 10**7))
+    fi, ti, li = ("fastshard", "iter"), ("torch", "iter"), ("list", "iter")
+    pr, k = paired(fi, ti, 10**7, "total_s", True)
+    pc, _ = paired(fi, ti, 10**7, "cpu_s", True)
     add(
         f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs torch",
         ">= 20x faster",
         lambda r: r >= 20,
-        ratio(_best(tt, "total_s"), _best(fs, "total_s")) if fs and tt else None,
-        ratio(_best(tt, "cpu_s"), _best(fs, "cpu_s")) if fs and tt else None,
         f"{_ns(fs):.1f} vs {_ns(tt):.1f} ns/index" if fs and tt else None,
+        (
+            ratio(_best(tt, "total_s"), _best(fs, "total_s")),
+            ratio(_best(tt, "cpu_s"), _best(fs, "cpu_s")),
+        ),
+        (pr, pc),
+        k,
         "needs size 1e7",
     )
+    pr, k = paired(fi, li, 10**7, "total_s", False)
+    pc, _ = paired(fi, li, 10**7, "cpu_s", False)
     add(
         f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs a ready Python list",
         "<= 3x the list",
         lambda r: r <= 3,
-        ratio(_best(fs, "total_s"), _best(ls, "total_s")) if fs and ls else None,
-        ratio(_best(fs, "cpu_s"), _best(ls, "cpu_s")) if fs and ls else None,
         f"{_ns(fs):.1f} vs {_ns(ls):.1f} ns/index" if fs and ls else None,
+        (
+            ratio(_best(fs, "total_s"), _best(ls, "total_s")),
+            ratio(_best(fs, "cpu_s"), _best(ls, "cpu_s")),
+        ),
+        (pr, pc),
+        k,
         "needs size 1e7",
     )
 
     fa = ok(_find(cases, "fastshard", "array", 10**9))
     na = ok(_find(cases, "arange", "array", 10**9))
     threads = results["meta"].get("fastshard_threads")
+    pr, k = paired(("fastshard", "array"), ("arange", "array"), 10**9, "total_s", False)
     add(
         f"indices() of a rank epoch at n=1e9 (W={w}) vs np.arange of its length",
         "<= 4x np.arange",
         lambda r: r <= 4,
-        ratio(_best(fa, "total_s"), _best(na, "total_s")) if fa and na else None,
-        None,
         f"{_ns(fa):.2f} vs {_ns(na):.2f} ns/index ({threads} threads)" if fa and na else None,
+        (ratio(_best(fa, "total_s"), _best(na, "total_s")), None),
+        (pr, None),
+        k,
         "needs size 1e9",
     )
 
@@ -916,10 +1034,13 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "target": f"peak memory growth iterating an epoch of {_fmt_n(TARGET_MEMORY_INDICES)} "
             "indices (n=2.5e7, W=1)",
             "goal": f"<= {TARGET_MEMORY_LIMIT // _MiB} MiB",
+            "detail": detail or "not run (--quick or --no-targets)",
             "ratio": None,
             "cpu_ratio": None,
+            "pair_ratio": None,
+            "pair_cpu_ratio": None,
+            "pair_rounds": 0,
             "met": None if mem is None else mem["growth_bytes"] <= TARGET_MEMORY_LIMIT,
-            "detail": detail or "not run (--quick or --no-targets)",
         }
     )
     return out
@@ -938,15 +1059,30 @@ def render_targets(results: dict[str, Any]) -> list[str]:
     lines = [
         "Core targets:",
         "",
-        "| target | goal | measured (wall) | ratio (wall) | ratio (CPU time) | met (wall) |",
+        (
+            "| target | goal | measured (separate runs, wall) | ratio: separate runs, wall "
+            "(CPU time) | ratio: interleaved pairs, median wall (CPU time) | met |"
+        ),
         "|---|---|---|---:|---:|---|",
     ]
     for r in rows:
         met = {True: "yes", False: "**no**", None: "not measured"}[r["met"]]
-        lines.append(
-            f"| {r['target']} | {r['goal']} | {r['detail']} | {_fmt_ratio(r['ratio'])} "
-            f"| {_fmt_ratio(r['cpu_ratio'])} | {met} |"
-        )
+        sep = _fmt_ratio(r["ratio"])
+        if r["cpu_ratio"] is not None:
+            sep += f" ({_fmt_ratio(r['cpu_ratio'])})"
+        pair = _fmt_ratio(r["pair_ratio"])
+        if r["pair_ratio"] is not None:
+            if r["pair_cpu_ratio"] is not None:
+                pair += f" ({_fmt_ratio(r['pair_cpu_ratio'])})"
+            pair += f", {r['pair_rounds']} rounds"
+        lines.append(f"| {r['target']} | {r['goal']} | {r['detail']} | {sep} | {pair} | {met} |")
+    lines += [
+        "",
+        (
+            "*met* is judged on the interleaved pairs where they ran (both sides timed in one "
+            "process, alternating, so that both see the same load), else on the separate runs."
+        ),
+    ]
     return lines
 
 

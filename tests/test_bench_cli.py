@@ -179,3 +179,66 @@ def test_cases_predicted_too_big_are_skipped_and_slow_ones_take_a_prefix(monkeyp
     )
     # The core-target cases (fastshard, torch) were left out by --only.
     assert {s["sampler"] for s in calls} == {"list", "arange"}
+
+
+def test_core_targets_take_each_ratio_the_right_way_round():
+    # Synthetic results: fastshard takes 1 s per epoch, torch 30 s, the list 0.25 s; in the
+    # interleaved pairs torch takes 10x and the list a half of fastshard's time per round.
+    def case(sampler, mode, n, total, **kw):
+        return {
+            "sampler": sampler,
+            "mode": mode,
+            "n": n,
+            "world": 8,
+            "role": "peer",
+            "ok": True,
+            "prefix": False,
+            "count": n // 8,
+            "length": n // 8,
+            "total_s": [total],
+            "cpu_s": [total],
+            "first_s": [total / 100],
+            "first_cpu_s": [total / 100],
+            **kw,
+        }
+
+    def pair(a, b, n, ta, tb):
+        return {
+            "sampler": a[0],
+            "mode": "pair",
+            "pair": [list(a), list(b)],
+            "n": n,
+            "world": 8,
+            "role": "target-pair",
+            "ok": True,
+            "total_s": [ta, tb],
+            "cpu_s": [ta, tb],
+        }
+
+    fi, ti, li = ("fastshard", "iter"), ("torch", "iter"), ("list", "iter")
+    results = {
+        "meta": {"world": 8, "sizes": [10**7], "fastshard_threads": 2},
+        "cases": [
+            case("fastshard", "iter", 10**7, 1.0),
+            case("torch", "iter", 10**7, 30.0),
+            case("list", "iter", 10**7, 0.25),
+            pair(fi, ti, 10**7, [1.0, 2.0, 1.0], [10.0, 20.0, 30.0]),
+            pair(fi, li, 10**7, [1.0, 1.0, 1.0], [0.5, 0.5, 4.0]),
+        ],
+    }
+    rows = {r["target"].split(":")[0] + r["goal"]: r for r in _bench.core_targets(results)}
+    vs_torch = rows["iterate a rank epoch at n=1e7 (W=8)>= 20x faster"]
+    assert vs_torch["ratio"] == 30.0 and vs_torch["pair_ratio"] == 10.0  # median of 10, 10, 30
+    assert vs_torch["pair_rounds"] == 3 and vs_torch["met"] is False  # judged on the pairs
+    vs_list = rows["iterate a rank epoch at n=1e7 (W=8)<= 3x the list"]
+    assert vs_list["ratio"] == 4.0 and vs_list["pair_ratio"] == 2.0 and vs_list["met"] is True
+    first = rows["first index>= 1000x faster"]
+    assert first["ratio"] == 30.0 and first["met"] is False
+    # Not measured: no 1e9 array cases, no memory-target case.
+    assert (
+        rows["indices() of a rank epoch at n=1e9 (W=8) vs np.arange of its length<= 4x np.arange"][
+            "met"
+        ]
+        is None
+    )
+    assert "| **no** |" in "\n".join(_bench.render_targets(results))
