@@ -312,7 +312,7 @@ def _child_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
     try:
         result = {"ok": True, **measure(spec)}
-    except BaseException as err:  # noqa: BLE001 - the parent reports whatever went wrong
+    except BaseException as err:  # the parent reports whatever went wrong
         result = {"ok": False, "error": f"{type(err).__name__}: {err}"}
     sys.stdout.write(_RESULT_TAG + json.dumps(result) + "\n")
     sys.stdout.flush()
