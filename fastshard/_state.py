@@ -17,17 +17,18 @@ from typing import Any
 
 VERSION = 1
 ROUND_FIELDS = ("chunks", "size", "rem", "offset", "taken")
+Round = tuple[int, int, int, int, int]
 _MAX = 2**63 - 1
 
 
-def make(config: dict[str, Any], epoch: int, cursor: int, rnd: tuple[int, ...] | None = None) -> dict[str, Any]:
+def make(config: dict[str, Any], epoch: int, cursor: int, rnd: Round | None = None) -> dict[str, Any]:
     state = {"version": VERSION, **config, "epoch": epoch, "cursor": cursor}
     if "block_size" in config:
         state["round"] = None if rnd is None else dict(zip(ROUND_FIELDS, rnd))
     return state
 
 
-def round_code(rnd: tuple[int, ...] | None) -> int:
+def round_code(rnd: Round | None) -> int:
     """The round as one int64 (0 for none), for the rank-consistency check."""
     if rnd is None:
         return 0
@@ -35,7 +36,7 @@ def round_code(rnd: tuple[int, ...] | None) -> int:
     return int.from_bytes(digest, "little") >> 1 or 1
 
 
-def _check_round(value: Any, cursor: int, config: dict[str, Any]) -> tuple[int, ...] | None:
+def _check_round(value: Any, cursor: int, config: dict[str, Any]) -> Round | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -69,7 +70,7 @@ def _typed(value: Any, kind: type) -> bool:
     return type(value) is kind if kind in (bool, int) else isinstance(value, kind)
 
 
-def check(state: Any, config: dict[str, Any]) -> tuple[int, int, tuple[int, ...] | None]:
+def check(state: Any, config: dict[str, Any]) -> tuple[int, int, Round | None]:
     """Validate ``state`` against the sampler's ``config``; return (epoch, cursor, round).
 
     Each config field must be present, of the config value's type, and equal to it.

@@ -113,16 +113,19 @@ class WeightedDistributedSampler(_ShardSampler):
         self.shuffle = True
         if self.replacement:
             self._table: Any = _core.AliasTable(w, total)
-            self._weights = None
+            self._weights: np.ndarray | None = None  # the table replaces them
         else:
             self._table = None
             self._weights = w
         self._start_pass()
 
+    def _plan_args(self) -> tuple[int, bool, bool]:
+        return self.num_draws, self.drop_last, True
+
     def _make_shard(self, cursor: int) -> _core.Shard:
         args = (self.num_draws, self.num_replicas, self.rank, self.drop_last, True, cursor)
         key = (self.seed % 2**64, self.epoch % 2**64)
-        if self.replacement:
+        if self._weights is None:
             return _core.weighted_shard(self._table, *args, *key)
         return _core.weighted_order_shard(self._weights, *args, *key)
 

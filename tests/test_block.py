@@ -476,7 +476,7 @@ def test_block_state_does_not_load_into_other_orders_and_back():
     other = DistributedSampler(300, 3, 0, seed=29)
     with pytest.raises(ValueError, match="order="):
         other.load_state_dict(block_state)
-    with pytest.raises(ValueError, match="round|block_size|window"):
+    with pytest.raises(ValueError, match=r"round|block_size|window"):
         make(300, 3, 0, 4, 2).load_state_dict(other.state_dict())
 
 

@@ -177,7 +177,7 @@ def test_non_dict_state(bad):
 def test_property_elastic_resume(n, W, W2, frac, pad, seed):
     length = len(make(n, W, 0, pad=pad, seed=seed))
     k = int(frac * length)
-    _, consumed, new, rest = run_interrupted(n, W, W2, k, pad=pad, seed=seed)
+    _, consumed, _new, rest = run_interrupted(n, W, W2, k, pad=pad, seed=seed)
     seen = Counter(i for part in consumed + rest for i in part)
     assert sorted(seen) == list(range(n))
     if pad:
