@@ -79,7 +79,7 @@ class _ShardSampler(Sampler[int]):
                 "DistributedSampler), or build the sampler with auto_epoch=True to advance the "
                 "epoch on each new iteration. (Warned once per sampler.)",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -47,6 +47,7 @@ def test_warns_once_when_a_finished_epoch_repeats(kind):
     with pytest.warns(UserWarning, match=MATCH) as record:
         second = list(s)
     assert len(record) == 1 and "epoch 0" in str(record[0].message)
+    assert record[0].filename == __file__  # points at the loop that repeats the epoch
     assert second == first  # the warning changes nothing: torch's behaviour is kept
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -106,8 +107,9 @@ def test_batch_sampler_warns_when_its_finished_epoch_repeats(drop_last):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         first = list(b)
-    with pytest.warns(UserWarning, match=MATCH):
+    with pytest.warns(UserWarning, match=MATCH) as record:
         assert list(b) == first
+    assert record[0].filename == __file__
 
 
 def test_batch_sampler_and_sampler_share_the_pass():
