@@ -18,7 +18,9 @@ def test_wheel_version_is_the_package_version():
 def test_version_is_a_canonical_release_string():
     # A PEP 440 release (optionally with a pre/dev/post part), as the regex provider copies it
     # verbatim: a typo in _version.py would otherwise only surface on upload.
-    assert re.fullmatch(r"\d+\.\d+\.\d+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?", fastshard.__version__)
+    assert re.fullmatch(
+        r"\d+\.\d+\.\d+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?", fastshard.__version__
+    )
 
 
 def test_installed_package_ships_stubs_and_marker():
