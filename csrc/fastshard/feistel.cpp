@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 #include "fastshard/mix.hpp"
 
@@ -34,7 +35,9 @@ constexpr std::size_t kBlock = 64;
 
 }  // namespace
 
-Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max) : n_(n) {
+Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max, int rounds)
+    : n_(n), rounds_(rounds) {
+    if (rounds < 1 || rounds > kMaxRounds) throw std::invalid_argument("rounds must be in [1, 32]");
     SplitMix64 stream(key);
     if (n <= 1 || n <= table_max) {
         table_.resize(static_cast<std::size_t>(n));
@@ -48,12 +51,40 @@ Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max) : 
     const unsigned k = std::max(bit_width(n - 1), 2U);  // >= 11 with the default table
     hi_bits_ = k - k / 2;
     lo_bits_ = k / 2;
-    for (int r = 0; r < kRounds; ++r) {
+    for (int r = 0; r < rounds_; ++r) {
         const std::uint64_t w = stream.next();
         xor_keys_[r] = static_cast<std::uint32_t>(w);
         add_keys_[r] = static_cast<std::uint32_t>(w >> 32);
     }
 }
+
+namespace {
+
+#if defined(_MSC_VER)
+#define FASTSHARD_INLINE __forceinline
+#else
+#define FASTSHARD_INLINE __attribute__((always_inline)) inline
+#endif
+
+// The rounds over lanes held as halves a (the one that is added to) and b. Always inlined, so
+// that a caller passing the constant kRounds gets a fully specialised loop.
+FASTSHARD_INLINE void run_rounds(std::uint32_t* a, std::uint32_t* b, std::size_t count, int rounds,
+                                 std::uint32_t mask_a, std::uint32_t mask_b,
+                                 const std::uint32_t* xor_keys, const std::uint32_t* add_keys) {
+    for (int r = 0; r < rounds; ++r) {
+        const std::uint32_t kx = xor_keys[r];
+        const std::uint32_t ka = add_keys[r];
+        for (std::size_t i = 0; i < count; ++i) {
+            const std::uint32_t f = hash32(b[i] ^ kx) + ka;
+            const std::uint32_t next_b = (a[i] + f) & mask_a;
+            a[i] = b[i];
+            b[i] = next_b;
+        }
+        std::swap(mask_a, mask_b);
+    }
+}
+
+}  // namespace
 
 // Compiled for several instruction sets where the toolchain can pick one at load time
 // (GCC/Clang ifuncs on x86-64 ELF): the portable wheel keeps the speed of AVX2/AVX-512.
@@ -66,20 +97,15 @@ FASTSHARD_CLONES void Feistel::encrypt_block(std::uint64_t* x, std::size_t count
         a[i] = static_cast<std::uint32_t>(x[i] >> lo_bits_);
         b[i] = static_cast<std::uint32_t>(x[i]) & lo_mask;
     }
-    std::uint32_t mask_a = low_mask(hi_bits_);
-    std::uint32_t mask_b = lo_mask;
-    for (int r = 0; r < kRounds; ++r) {
-        const std::uint32_t kx = xor_keys_[r];
-        const std::uint32_t ka = add_keys_[r];
-        for (std::size_t i = 0; i < count; ++i) {
-            const std::uint32_t f = hash32(b[i] ^ kx) + ka;
-            const std::uint32_t next_b = (a[i] + f) & mask_a;
-            a[i] = b[i];
-            b[i] = next_b;
-        }
-        std::swap(mask_a, mask_b);
+    const std::uint32_t hi_mask = low_mask(hi_bits_);
+    if (rounds_ == kRounds) {  // the public order: a loop specialised for the constant
+        run_rounds(a, b, count, kRounds, hi_mask, lo_mask, xor_keys_.data(), add_keys_.data());
+    } else {
+        run_rounds(a, b, count, rounds_, hi_mask, lo_mask, xor_keys_.data(), add_keys_.data());
     }
-    for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << lo_bits_) | b[i];
+    // After an odd number of rounds the halves have traded widths: b is the wider one.
+    const unsigned b_bits = rounds_ % 2 == 0 ? lo_bits_ : hi_bits_;
+    for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << b_bits) | b[i];
 }
 
 void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
