@@ -1,0 +1,120 @@
+"""Order quality report: the default "feistel" order next to torch.randperm.
+
+    python bench/quality.py                 # the full report (about 10-20 minutes on 2 cores)
+    python bench/quality.py --scale 1       # the test suite's sample sizes
+    python bench/quality.py --rounds 4,6    # also the bare network cut to 4 and 6 rounds
+    python bench/quality.py --speed         # only the side-by-side speed check
+
+Prints a Markdown table: for each statistic (tests/_quality.py), the p-value of the feistel
+order, of torch.randperm seeded as torch's DistributedSampler seeds it, and optionally of the
+bare Feistel network with fewer rounds (no small-n table; its first r rounds are the public
+network's). A p-value below 1e-4 (marked **bold**) is a failure; with a hundred statistics,
+a truly random order shows on average 0.01 of them.
+
+Run it against an installed fastshard from outside the source tree's import path, e.g.
+`python -P bench/quality.py` or `cd bench && python quality.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("_quality", _HERE.parent / "tests" / "_quality.py")
+assert _spec is not None and _spec.loader is not None
+q = importlib.util.module_from_spec(_spec)
+sys.modules["_quality"] = q
+_spec.loader.exec_module(q)
+
+
+def speed(repeats: int = 7) -> str:
+    """DistributedSampler(10**9, 8, 3).indices() against np.arange of the same length, run
+    alternately in one process; the best of `repeats` each (the machine may be shared)."""
+    import fastshard
+
+    s = fastshard.DistributedSampler(10**9, 8, 3)
+    n = len(s)
+    ts, ta = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a = s.indices()
+        ts.append(time.perf_counter() - t)
+        del a
+        t = time.perf_counter()
+        b = np.arange(n)
+        ta.append(time.perf_counter() - t)
+        del b
+    return (
+        f"DistributedSampler(10**9, 8, 3).indices() ({n:,} indices, "
+        f"{fastshard.get_num_threads()} threads): best {min(ts):.3f} s, median "
+        f"{sorted(ts)[repeats // 2]:.3f} s; np.arange({n:,}): best {min(ta):.3f} s, median "
+        f"{sorted(ta)[repeats // 2]:.3f} s; ratio of bests {min(ts) / min(ta):.2f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--scale", type=float, default=4.0, help="sample sizes relative to the tests")
+    ap.add_argument("--rounds", default="", help="comma-separated round counts of the bare network")
+    ap.add_argument("--speed", action="store_true", help="only the speed check")
+    ap.add_argument("--only", default="", help="only cases whose id contains this text")
+    args = ap.parse_args()
+
+    if args.speed:
+        print(speed())
+        return
+
+    sources: list[q.Source] = [q.Feistel(), q.TorchRandperm()]
+    sources += [q.Network(int(r)) for r in args.rounds.split(",") if r]
+    import fastshard
+    import torch
+
+    print(
+        f"fastshard {fastshard.__version__}, torch {torch.__version__}, numpy {np.__version__}, "
+        f"{platform.machine()}; scale {args.scale} (sample sizes x{args.scale} of the tests); "
+        f"alpha {q.ALPHA} per statistic\n"
+    )
+    names = " | ".join(s.name for s in sources)
+    print(f"| statistic | n | samples | {names} | feistel statistic |")
+    print("|---|---:|---:|" + "---:|" * len(sources) + "---|")
+    fails = {s.name: 0 for s in sources}
+    worst = {s.name: 1.0 for s in sources}
+    seconds = {s.name: 0.0 for s in sources}
+    ran = {s.name: 0 for s in sources}
+    for case in q.battery(args.scale):
+        if args.only and args.only not in case.id:
+            continue
+        cells, detail, samples = [], "", ""
+        for src in sources:
+            if (case.huge and not src.huge) or (isinstance(src, q.Network) and case.n > 2**24):
+                cells.append("—")
+                continue
+            t = time.perf_counter()
+            res = case.run(src)
+            seconds[src.name] += time.perf_counter() - t
+            ran[src.name] += 1
+            worst[src.name] = min(worst[src.name], res.p)
+            if not res.ok:
+                fails[src.name] += 1
+            cells.append(f"**{res.p:.2g}**" if not res.ok else f"{res.p:.2g}")
+            if src.name == "feistel":
+                detail, samples = res.statistic, str(res.samples)
+        n = "2^63-1" if case.n == 2**63 - 1 else f"{case.n:,}"
+        print(f"| {case.group}: {case.name} | {n} | {samples} | {' | '.join(cells)} | {detail} |", flush=True)
+    print()
+    for s in sources:
+        print(
+            f"- {s.name}: {fails[s.name]} of {ran[s.name]} statistics below {q.ALPHA}; smallest p "
+            f"{worst[s.name]:.2g}; {seconds[s.name]:.0f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
