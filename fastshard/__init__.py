@@ -14,9 +14,7 @@ except ImportError as err:  # pragma: no cover - only without a build
     ) from err
 
 from ._sampler import BatchSampler, DistributedSampler
-
-get_num_threads = _core.get_num_threads
-set_num_threads = _core.set_num_threads
+from ._threads import get_num_threads, set_num_threads
 
 __all__ = [
     "BatchSampler",

@@ -69,8 +69,10 @@ class DistributedSampler(Sampler[int]):
 
     # -- the epoch's shard ------------------------------------------------------------------
     def _current(self) -> _core.Shard:
-        if self._shard is None:
-            self._shard = _core.Shard(
+        # Read once into a local: another thread's set_epoch may reset self._shard meanwhile.
+        shard = self._shard
+        if shard is None:
+            shard = self._shard = _core.Shard(
                 self._n,
                 self.num_replicas,
                 self.rank,
@@ -81,7 +83,13 @@ class DistributedSampler(Sampler[int]):
                 self.seed % 2**64,
                 self.epoch % 2**64,
             )
-        return self._shard
+        return shard
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The compiled shard is a cache (rebuilt on demand) and cannot be pickled.
+        state = self.__dict__.copy()
+        state["_shard"] = None
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64)."""
@@ -121,7 +129,12 @@ class DistributedSampler(Sampler[int]):
 
     def __getitem__(self, k: int) -> int:
         """This rank's k-th index of the epoch (negative k counts from the end)."""
-        return self._current()[_validate.integer(k, "index")]
+        k = _validate.integer(k, "index")
+        shard = self._current()
+        n = len(shard)
+        if not -n <= k < n:  # checked here: beyond int64 the compiled call cannot take k at all
+            raise IndexError(f"index {k} is out of range for a shard of {n} items")
+        return shard[k]
 
     def __repr__(self) -> str:
         return (

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -42,14 +43,22 @@ void Shard::fill_parallel(std::uint64_t k0, std::uint64_t count, std::int64_t* o
         return;
     }
     const std::uint64_t per = count / t;
-    std::vector<std::thread> pool;
-    pool.reserve(t - 1);
-    for (unsigned i = 1; i < t; ++i) {
+    auto part = [&](unsigned i) {
         const std::uint64_t begin = i * per;
         const std::uint64_t len = i + 1 == t ? count - begin : per;
-        pool.emplace_back([=] { fill_range(k0 + begin, len, out + begin); });
+        fill_range(k0 + begin, len, out + begin);
+    };
+    std::vector<std::thread> pool;
+    unsigned started = 1;
+    try {
+        pool.reserve(t - 1);
+        for (; started < t; ++started) pool.emplace_back(part, started);
+    } catch (const std::exception&) {
+        // Out of threads or memory for them: the calling thread does the parts left over,
+        // rather than letting the exception destroy joinable threads (std::terminate).
     }
-    fill_range(k0, per, out);
+    part(0);
+    for (unsigned i = started; i < t; ++i) part(i);
     for (auto& th : pool) th.join();
 }
 
