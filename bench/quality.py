@@ -73,8 +73,9 @@ def main() -> None:
 
     sources: list[q.Source] = [q.Feistel(), q.TorchRandperm()]
     sources += [q.Network(int(r)) for r in args.rounds.split(",") if r]
-    import fastshard
     import torch
+
+    import fastshard
 
     print(
         f"fastshard {fastshard.__version__}, torch {torch.__version__}, numpy {np.__version__}, "
@@ -107,7 +108,10 @@ def main() -> None:
             if src.name == "feistel":
                 detail, samples = res.statistic, str(res.samples)
         n = "2^63-1" if case.n == 2**63 - 1 else f"{case.n:,}"
-        print(f"| {case.group}: {case.name} | {n} | {samples} | {' | '.join(cells)} | {detail} |", flush=True)
+        print(
+            f"| {case.group}: {case.name} | {n} | {samples} | {' | '.join(cells)} | {detail} |",
+            flush=True,
+        )
     print()
     for s in sources:
         print(

@@ -8,93 +8,93 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _core, _validate, _world
+from . import _core, _distributed, _state, _validate, _world
 
 ORDERS = ("feistel",)
 
 
-class DistributedSampler(Sampler[int]):
-    """Drop-in replacement for :class:`torch.utils.data.distributed.DistributedSampler`.
+class _ShardSampler(Sampler[int]):
+    """What every fastshard sampler shares: the plan of an epoch over ranks, its checkpoint,
+    and the ways to read it. Subclasses say how to build a pass's shard and what their
+    configuration is (the part of a checkpoint that must match)."""
 
-    Every rank computes only its own indices, each in O(1) time and memory, for datasets of
-    up to ``2**63 - 1`` items. The plan is torch's: ``num_samples = ceil(n / num_replicas)``
-    (``n // num_replicas`` with ``drop_last=True``), padding wraps to the start of the epoch's
-    order, and rank ``r`` takes positions ``r, r + num_replicas, ...`` of it.
+    num_replicas: int
+    rank: int
+    check_consistency: bool
 
-    Parameters
-    ----------
-    dataset : Sized or int
-        The dataset, or its length.
-    num_replicas, rank : int, optional
-        Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
-    shuffle : bool
-        ``False`` takes the items in order.
-    seed : int
-        Any Python int; reduced modulo ``2**64``.
-    drop_last : bool
-        Truncate to a multiple of ``num_replicas`` instead of padding.
-    order : {"feistel"}
-        ``"feistel"``: a keyed bijection of ``[0, n)``, a fresh one for every (n, seed, epoch).
-    pad : bool
-        ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
-        lengths differ by at most one. For evaluation.
-    """
+    def _make_shard(self, cursor: int) -> _core.Shard:
+        raise NotImplementedError
 
-    def __init__(
-        self,
-        dataset: Any,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        *,
-        order: str = "feistel",
-        pad: bool = True,
-    ) -> None:
-        self.dataset = dataset
-        self._n = _validate.length(dataset)
-        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
-        if self.num_replicas > _validate.MAX_LENGTH:
-            raise ValueError(f"num_replicas must be <= 2**63 - 1, got {self.num_replicas}")
-        self.shuffle = _validate.flag(shuffle, "shuffle")
-        self.seed = _validate.integer(seed, "seed")
-        self.drop_last = _validate.flag(drop_last, "drop_last")
-        self.pad = _validate.flag(pad, "pad")
-        if not isinstance(order, str) or order not in ORDERS:
-            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-        self.order = order
-        self.epoch = 0
+    def _config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _start_pass(self, epoch: int = 0, cursor: int = 0) -> None:
+        self.epoch = epoch
+        # Positions of the epoch's global sequence consumed before this pass began (non-zero
+        # only after load_state_dict), the pass's shard (built lazily), its latest iterator.
+        self._cursor = cursor
         self._shard: _core.Shard | None = None
+        self._iterator: Any = None
 
-    # -- the epoch's shard ------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # The shard and iterator are caches of compiled objects: rebuilt after unpickling.
+        state = self.__dict__.copy()
+        state["_shard"] = None
+        state["_iterator"] = None
+        return state
+
     def _current(self) -> _core.Shard:
         # Read once into a local: another thread's set_epoch may reset self._shard meanwhile.
         shard = self._shard
         if shard is None:
-            shard = self._shard = _core.Shard(
-                self._n,
-                self.num_replicas,
-                self.rank,
-                self.drop_last,
-                self.pad,
-                0,
-                self.order if self.shuffle else "identity",
-                self.seed % 2**64,
-                self.epoch % 2**64,
-            )
+            shard = self._shard = self._make_shard(self._cursor)
         return shard
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The compiled shard is a cache (rebuilt on demand) and cannot be pickled.
-        state = self.__dict__.copy()
-        state["_shard"] = None
-        return state
-
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64)."""
-        self.epoch = _validate.integer(epoch, "epoch")
-        self._shard = None
+        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
+
+        Also ends a resumed pass: the sampler yields the whole epoch again.
+        """
+        self._start_pass(_validate.integer(epoch, "epoch"), 0)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _cursor_after(self, consumed: int) -> int:
+        shard = self._current()
+        if not 0 <= consumed <= len(shard):
+            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+        # At step k every rank has taken its first k items, i.e. all positions before k * W
+        # (capped at the pass's end): the same cursor on every rank.
+        return self._cursor + min(consumed * self.num_replicas, shard.total_size)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint of the sampler (no rank in it).
+
+        Parameters
+        ----------
+        consumed : int, optional
+            How many of this pass's indices the training loop has consumed on this rank.
+            Defaults to how many the sampler's latest iterator has yielded — pass it
+            explicitly when a loader prefetches ahead of the training step.
+
+        Every rank returns the same state at the same step, except with ``pad=False`` once a
+        rank's shorter shard has run out: save rank 0's state there (its shard is the longest).
+        """
+        if consumed is None:
+            consumed = 0 if self._iterator is None else self._iterator.position
+        else:
+            consumed = _validate.integer(consumed, "consumed")
+        return _state.make(self._config(), self.epoch, self._cursor_after(consumed))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank, on any number of ranks.
+
+        The next iteration yields the rest of the saved epoch re-sharded over this sampler's
+        ``num_replicas``: with the same number of ranks exactly what the uninterrupted run
+        would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
+        is refused (ValueError/TypeError) and the sampler is left unchanged.
+        """
+        epoch, cursor = _state.check(state, self._config())
+        self._start_pass(epoch, cursor)
 
     # -- torch's attributes -----------------------------------------------------------------
     @property
@@ -112,7 +112,9 @@ class DistributedSampler(Sampler[int]):
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        _distributed.check(self)
         it: Iterator[int] = self._current().iter(0)
+        self._iterator = it
         return it
 
     def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -136,6 +138,95 @@ class DistributedSampler(Sampler[int]):
             raise IndexError(f"index {k} is out of range for a shard of {n} items")
         return shard[k]
 
+
+class DistributedSampler(_ShardSampler):
+    """Drop-in replacement for :class:`torch.utils.data.distributed.DistributedSampler`.
+
+    Every rank computes only its own indices, each in O(1) time and memory, for datasets of
+    up to ``2**63 - 1`` items. The plan is torch's: ``num_samples = ceil(n / num_replicas)``
+    (``n // num_replicas`` with ``drop_last=True``), padding wraps to the start of the epoch's
+    order, and rank ``r`` takes positions ``r, r + num_replicas, ...`` of it.
+
+    Parameters
+    ----------
+    dataset : Sized or int
+        The dataset, or its length.
+    num_replicas, rank : int, optional
+        Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
+    shuffle : bool
+        ``False`` takes the items in order.
+    seed : int or None
+        Any Python int; reduced modulo ``2**64``. ``None``: a random seed in ``[0, 2**63)``
+        drawn on rank 0 and broadcast to every rank (a collective call, so every rank must
+        pass ``None``; needs an initialised process group, else ValueError). ``seed`` then
+        holds the drawn int.
+    drop_last : bool
+        Truncate to a multiple of ``num_replicas`` instead of padding.
+    order : {"feistel"}
+        ``"feistel"``: a keyed bijection of ``[0, n)``, a fresh one for every (n, seed, epoch).
+    pad : bool
+        ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
+        lengths differ by at most one. For evaluation.
+    check_consistency : bool
+        With an initialised process group, each iteration starts with one small all_gather
+        that checks every rank has the same length, seed, epoch, resume point, order, shuffle,
+        drop_last, pad and num_replicas, and raises :class:`fastshard.InconsistentRanksError`
+        on every rank if not. It is a collective: every rank must iterate as often. ``False``
+        turns it off; it must be the same on every rank.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int | None = 0,
+        drop_last: bool = False,
+        *,
+        order: str = "feistel",
+        pad: bool = True,
+        check_consistency: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self._n = _validate.length(dataset)
+        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
+        if self.num_replicas > _validate.MAX_LENGTH:
+            raise ValueError(f"num_replicas must be <= 2**63 - 1, got {self.num_replicas}")
+        self.shuffle = _validate.flag(shuffle, "shuffle")
+        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
+        self.drop_last = _validate.flag(drop_last, "drop_last")
+        self.pad = _validate.flag(pad, "pad")
+        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        if not isinstance(order, str) or order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        self.order = order
+        self._start_pass()
+
+    # -- the epoch's shard ------------------------------------------------------------------
+    def _make_shard(self, cursor: int) -> _core.Shard:
+        return _core.Shard(
+            self._n,
+            self.num_replicas,
+            self.rank,
+            self.drop_last,
+            self.pad,
+            cursor,
+            self.order if self.shuffle else "identity",
+            self.seed % 2**64,
+            self.epoch % 2**64,
+        )
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "n": self._n,
+            "seed": self.seed % 2**64,
+            "order": self.order,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "pad": self.pad,
+        }
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(n={self._n}, num_replicas={self.num_replicas}, "
@@ -152,8 +243,8 @@ class BatchSampler(Sampler[list[int]]):
     ``set_epoch`` is forwarded to the sampler.
     """
 
-    def __init__(self, sampler: DistributedSampler, batch_size: int, drop_last: bool = False) -> None:
-        if not isinstance(sampler, DistributedSampler):
+    def __init__(self, sampler: _ShardSampler, batch_size: int, drop_last: bool = False) -> None:
+        if not isinstance(sampler, _ShardSampler):
             raise TypeError(
                 "sampler must be a fastshard sampler, got "
                 f"{type(sampler).__name__}; use torch.utils.data.BatchSampler for other samplers"
@@ -161,20 +252,39 @@ class BatchSampler(Sampler[list[int]]):
         self.sampler = sampler
         self.batch_size = _validate.in_range(batch_size, "batch_size", 1, _validate.MAX_LENGTH)
         self.drop_last = _validate.flag(drop_last, "drop_last")
+        self._yielded = 0  # batches yielded by the latest iteration
 
     def set_epoch(self, epoch: int) -> None:
+        self._yielded = 0
         self.sampler.set_epoch(epoch)
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """The sampler's state after ``consumed_batches`` batches of this pass (default: as
+        many as the latest iteration yielded)."""
+        b = self._yielded if consumed_batches is None else _validate.integer(consumed_batches, "consumed_batches")
+        if b < 0:
+            raise ValueError(f"consumed_batches must be >= 0, got {b}")
+        return self.sampler.state_dict(min(b * self.batch_size, len(self.sampler)))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the saved batch boundary (see DistributedSampler.load_state_dict)."""
+        self.sampler.load_state_dict(state)
+        self._yielded = 0
 
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
+        _distributed.check(self.sampler)
         shard = self.sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)
+        self._yielded = 0
         for start in range(0, end, size):
-            yield shard.batch(start, min(start + size, end))
+            batch = shard.batch(start, min(start + size, end))
+            self._yielded += 1
+            yield batch
 
     def __repr__(self) -> str:
         return f"BatchSampler({self.sampler!r}, batch_size={self.batch_size}, drop_last={self.drop_last})"

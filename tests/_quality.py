@@ -191,7 +191,7 @@ class Feistel(Source):
     name = "feistel"
     huge = True
 
-    def _sampler(self, n: int, world: int, rank: int, seed: int, epoch: int):  # noqa: ANN202
+    def _sampler(self, n: int, world: int, rank: int, seed: int, epoch: int):
         import fastshard
 
         s = fastshard.DistributedSampler(n, world, rank, seed=seed)
@@ -248,7 +248,10 @@ class FromFunction(Source):
 
 
 def batches(
-    source: Source, n: int, seeds: Sequence[int], epochs: Sequence[int] | None = None,
+    source: Source,
+    n: int,
+    seeds: Sequence[int],
+    epochs: Sequence[int] | None = None,
     chunk_items: int = 4_000_000,
 ) -> Iterator[np.ndarray]:
     """Permutations for each seed (or each epoch of seed 0) as (rows, n) arrays of bounded size."""
@@ -362,7 +365,10 @@ def _cycles(source: Source, n: int, seeds: Sequence[int]) -> tuple[np.ndarray, n
         parts = [cycle_stats(block) for block in batches(source, n, seeds)]
         if len(_CYCLES) >= 8:  # a few samples are enough for the cases that share them
             del _CYCLES[next(iter(_CYCLES))]
-        _CYCLES[key] = (np.concatenate([c for c, _ in parts]), np.concatenate([z for _, z in parts]))
+        _CYCLES[key] = (
+            np.concatenate([c for c, _ in parts]),
+            np.concatenate([z for _, z in parts]),
+        )
     return _CYCLES[key]
 
 
@@ -450,8 +456,7 @@ def _neighbour_pairs(
     for block in batches(source, n, seeds if epochs is None else [], epochs):
         if prev is not None:
             block = np.concatenate([prev[-1:], block])
-        for a, b in zip(block[:-1], block[1:]):
-            yield a, b
+        yield from zip(block[:-1], block[1:])
         prev = block
 
 
@@ -587,7 +592,7 @@ class Case:
 def battery(scale: float = 1.0) -> list[Case]:
     """The statistics at a sample size proportional to `scale` (1.0: the test suite's)."""
 
-    def S(k: int) -> range:  # noqa: N802 - seeds
+    def S(k: int) -> range:
         return range(max(2, int(k * scale)))
 
     def count(k: int) -> int:
@@ -598,19 +603,43 @@ def battery(scale: float = 1.0) -> list[Case]:
     # Position uniformity: table (n <= 1024) and network (1025 on) sides of the threshold.
     add(Case("position", "full table", 32, lambda src: position_table(src, 32, S(640))))
     for n in (1000, 1024, 1025, 1500, 2048, 4097):
-        add(Case("position", "32x32 ranges", n, lambda src, n=n: position_table(src, n, S(2000), 32)))
+        add(
+            Case(
+                "position", "32x32 ranges", n, lambda src, n=n: position_table(src, n, S(2000), 32)
+            )
+        )
     for n, per_cell in ((1025, 4), (1500, 4), (4097, 1)):
-        add(Case("position", "full table", n,
-                 lambda src, n=n, c=per_cell: position_table(src, n, S(c * n))))
+        add(
+            Case(
+                "position",
+                "full table",
+                n,
+                lambda src, n=n, c=per_cell: position_table(src, n, S(c * n)),
+            )
+        )
     # Tiny n: every permutation counted.
     for n in (3, 4, 5):
         k = math.factorial(n)
-        add(Case("tiny", "all n! permutations", n, lambda src, n=n, k=k: all_permutations(src, n, S(100 * k))))
+        add(
+            Case(
+                "tiny",
+                "all n! permutations",
+                n,
+                lambda src, n=n, k=k: all_permutations(src, n, S(100 * k)),
+            )
+        )
     # Cycle structure and parity.
     for n in (32, 1000, 1025, 4097):
         add(Case("cycles", "number of cycles", n, lambda src, n=n: cycle_counts(src, n, S(4000))))
         add(Case("cycles", "fixed points", n, lambda src, n=n: fixed_points(src, n, S(4000))))
-        add(Case("cycles", "cycle length of item 0", n, lambda src, n=n: cycle_of_zero(src, n, S(4000))))
+        add(
+            Case(
+                "cycles",
+                "cycle length of item 0",
+                n,
+                lambda src, n=n: cycle_of_zero(src, n, S(4000)),
+            )
+        )
     for n in (1024, 1025, 2048, 4096):
         add(Case("parity", "odd permutations", n, lambda src, n=n: parity(src, n, S(4000))))
     # Neighbouring outputs and low bits.
@@ -619,26 +648,94 @@ def battery(scale: float = 1.0) -> list[Case]:
         add(Case("local", "P(i)-i mod n", n, lambda src, n=n: displacement(src, n, S(400))))
     for n in (1000, 1025, 4096, 4097):
         for m in (2, 3, 4, 16):
-            add(Case("bits", f"i mod {m} vs P(i) mod {m}", n, lambda src, n=n, m=m: residue_table(src, n, S(400), m)))
-        add(Case("bits", "bit b of i vs bit b of P(i)", n, lambda src, n=n: bit_tables(src, n, S(400))))
+            add(
+                Case(
+                    "bits",
+                    f"i mod {m} vs P(i) mod {m}",
+                    n,
+                    lambda src, n=n, m=m: residue_table(src, n, S(400), m),
+                )
+            )
+        add(
+            Case(
+                "bits",
+                "bit b of i vs bit b of P(i)",
+                n,
+                lambda src, n=n: bit_tables(src, n, S(400)),
+            )
+        )
     # Neighbouring seeds and epochs.
     for n in (1000, 1025, 4097, 65536):
         for along in ("seed", "epoch"):
-            add(Case("neighbours", f"P_k(i)=P_k+1(i), k={along}", n,
-                     lambda src, n=n, a=along: agreement(src, n, count(2000 if n < 10**4 else 200), a)))
-            add(Case("neighbours", f"Spearman P_k vs P_k+1, k={along}", n,
-                     lambda src, n=n, a=along: spearman(src, n, count(2000 if n < 10**4 else 200), a)))
+            add(
+                Case(
+                    "neighbours",
+                    f"P_k(i)=P_k+1(i), k={along}",
+                    n,
+                    lambda src, n=n, a=along: agreement(
+                        src, n, count(2000 if n < 10**4 else 200), a
+                    ),
+                )
+            )
+            add(
+                Case(
+                    "neighbours",
+                    f"Spearman P_k vs P_k+1, k={along}",
+                    n,
+                    lambda src, n=n, a=along: spearman(
+                        src, n, count(2000 if n < 10**4 else 200), a
+                    ),
+                )
+            )
     # One rank's items in consecutive epochs.
     for n, world in ((1000, 8), (4096, 2), (4096, 8), (4096, 64), (65536, 8)):
-        add(Case("ranks", f"overlap epoch e vs e+1, W={world}", n,
-                 lambda src, n=n, w=world: rank_overlap(src, n, w, count(1000 if n < 10**4 else 200))))
+        add(
+            Case(
+                "ranks",
+                f"overlap epoch e vs e+1, W={world}",
+                n,
+                lambda src, n=n, w=world: rank_overlap(
+                    src, n, w, count(1000 if n < 10**4 else 200)
+                ),
+            )
+        )
     # Huge n: positions only.
     for n in (2**32 + 15, 10**12, 2**63 - 1):
+
         def vals(src: Source, n: int = n) -> np.ndarray:
             return huge_values(src, n, S(2000), 64)
-        add(Case("huge", "P(i) over 64 ranges", n, lambda src, n=n, v=vals: huge_top(v(src), n), True))
+
+        add(
+            Case(
+                "huge", "P(i) over 64 ranges", n, lambda src, n=n, v=vals: huge_top(v(src), n), True
+            )
+        )
         add(Case("huge", "P(i) mod 256", n, lambda src, n=n, v=vals: huge_low(v(src), n), True))
-        add(Case("huge", "P(i+1)-P(i) over 64 ranges", n, lambda src, n=n, v=vals: huge_differences(v(src), n), True))
-        add(Case("huge", "bit b of i vs bit b of P(i)", n, lambda src, n=n, v=vals: huge_bits(v(src), n), True))
-        add(Case("huge", "P_s(i) vs P_s+1(i), 8x8 ranges", n, lambda src, n=n, v=vals: huge_neighbour_seeds(v(src), n), True))
+        add(
+            Case(
+                "huge",
+                "P(i+1)-P(i) over 64 ranges",
+                n,
+                lambda src, n=n, v=vals: huge_differences(v(src), n),
+                True,
+            )
+        )
+        add(
+            Case(
+                "huge",
+                "bit b of i vs bit b of P(i)",
+                n,
+                lambda src, n=n, v=vals: huge_bits(v(src), n),
+                True,
+            )
+        )
+        add(
+            Case(
+                "huge",
+                "P_s(i) vs P_s+1(i), 8x8 ranges",
+                n,
+                lambda src, n=n, v=vals: huge_neighbour_seeds(v(src), n),
+                True,
+            )
+        )
     return cases

@@ -139,7 +139,7 @@ def _drifting(n: int, seed: int, epoch: int) -> np.ndarray:
     return p
 
 
-def _rotating_by_world(world: int):  # noqa: ANN202
+def _rotating_by_world(world: int):
     def fn(n: int, seed: int, epoch: int) -> np.ndarray:
         # Each epoch shifts the positions by a multiple of `world`: every rank keeps its items.
         return _random(n, seed, 0)[(np.arange(n) + world * epoch) % n]
@@ -147,7 +147,7 @@ def _rotating_by_world(world: int):  # noqa: ANN202
     return fn
 
 
-def src(name: str, fn) -> q.Source:  # noqa: ANN001
+def src(name: str, fn) -> q.Source:
     return q.FromFunction(name, fn)
 
 
@@ -156,7 +156,7 @@ class _HugeControl(q.Source):
 
     huge = True
 
-    def __init__(self, name: str, fn) -> None:  # noqa: ANN001
+    def __init__(self, name: str, fn) -> None:
         self.name = name
         self.fn = fn
 
@@ -164,7 +164,7 @@ class _HugeControl(q.Source):
         return np.array([self.fn(n, seed, i) % n for i in range(start, stop)], dtype=np.uint64)
 
 
-def _huge_case(name: str, n: int):  # noqa: ANN202
+def _huge_case(name: str, n: int):
     (case,) = [c for c in CASES if c.group == "huge" and c.name == name and c.n == n]
     return case
 
@@ -175,7 +175,10 @@ CONTROLS = [
     (lambda s: q.position_table(s, 1025, range(4100)), src("rotation", _rotation)),
     (lambda s: q.position_table(s, 1025, range(2000), 32), src("windows of 16", _local)),
     (lambda s: q.all_permutations(s, 3, range(600)), src("Sattolo", _sattolo)),
-    (lambda s: q.all_permutations(s, 5, range(12000)), src("parity-preserving", _parity_preserving)),
+    (
+        lambda s: q.all_permutations(s, 5, range(12000)),
+        src("parity-preserving", _parity_preserving),
+    ),
     (lambda s: q.cycle_counts(s, 1000, range(4000)), src("Sattolo", _sattolo)),
     (lambda s: q.fixed_points(s, 1000, range(4000)), src("Sattolo", _sattolo)),
     (lambda s: q.cycle_of_zero(s, 1000, range(4000)), src("Sattolo", _sattolo)),
@@ -183,28 +186,43 @@ CONTROLS = [
     (lambda s: q.differences(s, 1000, range(400)), src("affine", _affine)),
     (lambda s: q.differences(s, 1025, range(400)), src("windows of 16", _local)),
     (lambda s: q.displacement(s, 1025, range(400)), src("windows of 16", _local)),
-    (lambda s: q.residue_table(s, 1000, range(400), 2), src("parity-preserving", _parity_preserving)),
+    (
+        lambda s: q.residue_table(s, 1000, range(400), 2),
+        src("parity-preserving", _parity_preserving),
+    ),
     (lambda s: q.bit_tables(s, 4096, range(400)), src("parity-preserving", _parity_preserving)),
     (lambda s: q.agreement(s, 1025, 2000, "seed"), src("pairs of seeds", _pairs_of_seeds)),
     (lambda s: q.agreement(s, 1025, 2000, "epoch"), src("pairs of seeds", _pairs_of_seeds)),
     (lambda s: q.spearman(s, 1025, 200, "seed"), src("drifting", _drifting)),
     (lambda s: q.spearman(s, 1025, 200, "epoch"), src("drifting", _drifting)),
     (lambda s: q.rank_overlap(s, 4096, 8, 1000), src("rotating by W", _rotating_by_world(8))),
-    (_huge_case("P(i) over 64 ranges", 10**12).run,
-     _HugeControl("lower half", lambda n, s, i: (s * 2**40 + i * 7919) % (n // 2))),
-    (_huge_case("P(i) mod 256", 10**12).run,
-     _HugeControl("even", lambda n, s, i: 2 * ((s * 2**33 + i * 2**20 + 12345) % (n // 2)))),
-    (_huge_case("P(i+1)-P(i) over 64 ranges", 10**12).run,
-     _HugeControl("affine", lambda n, s, i: (s * 104729 + i * 999_999_937) % n)),
-    (_huge_case("bit b of i vs bit b of P(i)", 10**12).run,
-     _HugeControl("keeps low bits", lambda n, s, i: (((s * 2654435761) % 2**30) << 8 | i) % n)),
-    (_huge_case("P_s(i) vs P_s+1(i), 8x8 ranges", 10**12).run,
-     _HugeControl("seed pairs", lambda n, s, i: ((s // 2) * 2**37 + i * 2**31) % n)),
+    (
+        _huge_case("P(i) over 64 ranges", 10**12).run,
+        _HugeControl("lower half", lambda n, s, i: (s * 2**40 + i * 7919) % (n // 2)),
+    ),
+    (
+        _huge_case("P(i) mod 256", 10**12).run,
+        _HugeControl("even", lambda n, s, i: 2 * ((s * 2**33 + i * 2**20 + 12345) % (n // 2))),
+    ),
+    (
+        _huge_case("P(i+1)-P(i) over 64 ranges", 10**12).run,
+        _HugeControl("affine", lambda n, s, i: (s * 104729 + i * 999_999_937) % n),
+    ),
+    (
+        _huge_case("bit b of i vs bit b of P(i)", 10**12).run,
+        _HugeControl("keeps low bits", lambda n, s, i: (((s * 2654435761) % 2**30) << 8 | i) % n),
+    ),
+    (
+        _huge_case("P_s(i) vs P_s+1(i), 8x8 ranges", 10**12).run,
+        _HugeControl("seed pairs", lambda n, s, i: ((s // 2) * 2**37 + i * 2**31) % n),
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    "stat,weak", CONTROLS, ids=[f"{i}-{w.name.replace(' ', '_')}" for i, (_, w) in enumerate(CONTROLS)]
+    "stat,weak",
+    CONTROLS,
+    ids=[f"{i}-{w.name.replace(' ', '_')}" for i, (_, w) in enumerate(CONTROLS)],
 )
 def test_statistic_catches_a_weak_order(stat, weak):
     res = stat(weak)

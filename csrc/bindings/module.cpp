@@ -4,4 +4,5 @@ PYBIND11_MODULE(_core, m) {
     m.doc() = "fastshard's compiled core: shard plans, orders and bulk fills.";
     register_iterator(m);
     register_shard(m);
+    register_weighted(m);
 }

@@ -27,6 +27,20 @@ constexpr std::uint32_t hash32(std::uint32_t x) noexcept {
     return x;
 }
 
+// High 64 bits of the 128-bit product a*b: maps a uniform 64-bit word to [0, b).
+inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) noexcept {
+#if defined(__SIZEOF_INT128__)
+    __extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
+    return static_cast<std::uint64_t>((static_cast<u128>(a) * b) >> 64);
+#else
+    const std::uint64_t a_lo = a & 0xffffffffULL, a_hi = a >> 32;
+    const std::uint64_t b_lo = b & 0xffffffffULL, b_hi = b >> 32;
+    const std::uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi;
+    const std::uint64_t cross = (lo_lo >> 32) + (hi_lo & 0xffffffffULL) + lo_hi;
+    return a_hi * b_hi + (hi_lo >> 32) + (cross >> 32);
+#endif
+}
+
 constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 
 // A counter-based stream of 64-bit words from one key (SplitMix64).

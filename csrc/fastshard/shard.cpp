@@ -1,12 +1,10 @@
 #include "fastshard/shard.hpp"
 
-#include <algorithm>
 #include <atomic>
-#include <exception>
 #include <thread>
-#include <vector>
 
 #include "fastshard/mix.hpp"
+#include "fastshard/parallel.hpp"
 
 namespace fastshard {
 
@@ -35,31 +33,9 @@ void set_default_threads(unsigned threads) noexcept {
 
 void Shard::fill_parallel(std::uint64_t k0, std::uint64_t count, std::int64_t* out,
                           unsigned threads) const {
-    if (threads == 0) threads = default_threads();
-    const std::uint64_t by_size = count / kMinPerThread;
-    const unsigned t = static_cast<unsigned>(std::min<std::uint64_t>(threads, by_size));
-    if (t <= 1) {
-        fill_range(k0, count, out);
-        return;
-    }
-    const std::uint64_t per = count / t;
-    auto part = [&](unsigned i) {
-        const std::uint64_t begin = i * per;
-        const std::uint64_t len = i + 1 == t ? count - begin : per;
+    parallel_for(count, threads, kMinPerThread, [&](unsigned, std::uint64_t begin, std::uint64_t len) {
         fill_range(k0 + begin, len, out + begin);
-    };
-    std::vector<std::thread> pool;
-    unsigned started = 1;
-    try {
-        pool.reserve(t - 1);
-        for (; started < t; ++started) pool.emplace_back(part, started);
-    } catch (const std::exception&) {
-        // Out of threads or memory for them: the calling thread does the parts left over,
-        // rather than letting the exception destroy joinable threads (std::terminate).
-    }
-    part(0);
-    for (unsigned i = started; i < t; ++i) part(i);
-    for (auto& th : pool) th.join();
+    });
 }
 
 std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint64_t seed,

@@ -86,8 +86,4 @@ constexpr std::uint64_t kFeistelDomain = 1;
 std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint64_t seed,
                                         std::uint64_t epoch);
 
-// Threads used by fill_parallel when the caller passes 0.
-unsigned default_threads() noexcept;
-void set_default_threads(unsigned threads) noexcept;
-
 }  // namespace fastshard

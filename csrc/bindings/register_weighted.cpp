@@ -1,0 +1,86 @@
+#include <cstdint>
+#include <memory>
+
+#include "fastshard/weighted.hpp"
+#include "pybind.hpp"
+
+namespace {
+
+using Weights = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+const double* weights_data(const Weights& w) {
+    if (w.ndim() != 1) throw py::value_error("weights must be 1-D");
+    return w.data();
+}
+
+}  // namespace
+
+void register_weighted(py::module_& m) {
+    m.def("summarize_weights", [](const Weights& w) {
+              const double* data = weights_data(w);
+              const auto n = static_cast<std::uint64_t>(w.shape(0));
+              fastshard::WeightsSummary s;
+              {
+                  // Safe without the GIL: `w` is held by this call and only read.
+                  py::gil_scoped_release release;
+                  s = fastshard::summarize_weights(data, n, 0);
+              }
+              return py::make_tuple(s.first_invalid, s.sum, s.positive, s.checksum);
+          }, py::arg("weights"),
+          "(first invalid index or -1, sum, number of positive weights, 64-bit checksum).");
+
+    py::class_<fastshard::AliasTable, std::shared_ptr<fastshard::AliasTable>>(
+        m, "AliasTable", "Walker alias table of float64 weights (immutable).")
+        .def(py::init([](const Weights& w, double sum) {
+                 const double* data = weights_data(w);
+                 const auto n = static_cast<std::uint64_t>(w.shape(0));
+                 // Safe without the GIL: `w` is held by this call and only read.
+                 py::gil_scoped_release release;
+                 try {
+                     return std::make_shared<fastshard::AliasTable>(data, n, sum);
+                 } catch (const std::invalid_argument& e) {
+                     py::gil_scoped_acquire acquire;
+                     throw py::value_error(e.what());
+                 }
+             }), py::arg("weights"), py::arg("sum"))
+        .def("__len__", &fastshard::AliasTable::size)
+        .def_property_readonly("nbytes", &fastshard::AliasTable::bytes)
+        .def("probability", [](const fastshard::AliasTable& t, std::uint64_t i) {
+                 if (i >= t.size()) throw py::index_error("item out of range");
+                 return t.probability(i);
+             }, py::arg("item"), "The probability the table gives item i (O(n); for tests).");
+
+    m.def("weighted_shard",
+          [](std::shared_ptr<fastshard::AliasTable> table, std::uint64_t draws, std::uint64_t num_replicas,
+             std::uint64_t rank, bool drop_last, bool pad, std::uint64_t cursor, std::uint64_t seed,
+             std::uint64_t epoch) {
+              const auto plan = checked_plan(draws, num_replicas, rank, drop_last, pad, cursor);
+              return PyShard{fastshard::make_weighted_shard(plan, std::move(table), seed, epoch)};
+          },
+          py::arg("table"), py::arg("draws"), py::arg("num_replicas"), py::arg("rank"),
+          py::arg("drop_last"), py::arg("pad"), py::arg("cursor"), py::arg("seed"), py::arg("epoch"),
+          "A rank's shard of an epoch of `draws` independent draws from the table.");
+
+    m.def("weighted_order_shard",
+          [](const Weights& w, std::uint64_t draws, std::uint64_t num_replicas, std::uint64_t rank,
+             bool drop_last, bool pad, std::uint64_t cursor, std::uint64_t seed, std::uint64_t epoch) {
+              const double* data = weights_data(w);
+              const auto n = static_cast<std::uint64_t>(w.shape(0));
+              const auto plan = checked_plan(draws, num_replicas, rank, drop_last, pad, cursor);
+              std::shared_ptr<const fastshard::Shard> shard;
+              {
+                  // Safe without the GIL: `w` is held by this call and only read.
+                  py::gil_scoped_release release;
+                  try {
+                      shard = fastshard::make_weighted_order_shard(plan, data, n, seed, epoch);
+                  } catch (const std::invalid_argument& e) {
+                      py::gil_scoped_acquire acquire;
+                      throw py::value_error(e.what());
+                  }
+              }
+              return PyShard{std::move(shard)};
+          },
+          py::arg("weights"), py::arg("draws"), py::arg("num_replicas"), py::arg("rank"),
+          py::arg("drop_last"), py::arg("pad"), py::arg("cursor"), py::arg("seed"), py::arg("epoch"),
+          "A rank's shard of the first `draws` items of a weighted random order without replacement.");
+}

@@ -1,0 +1,48 @@
+// Splitting a range over threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <thread>
+#include <vector>
+
+namespace fastshard {
+
+// Threads used when a caller passes 0 (default: all cores; see shard.cpp).
+unsigned default_threads() noexcept;
+void set_default_threads(unsigned threads) noexcept;
+
+// Calls fn(part, begin, length) for up to `threads` contiguous parts of [0, count), each of at
+// least `min_per_thread` items, part 0 on the calling thread (and any part no thread could be
+// started for). Returns the number of parts.
+template <class Fn>
+unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_per_thread, Fn&& fn) {
+    if (threads == 0) threads = default_threads();
+    const std::uint64_t by_size = count / (min_per_thread == 0 ? 1 : min_per_thread);
+    const unsigned t = static_cast<unsigned>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, by_size)));
+    if (t == 1) {
+        fn(0U, std::uint64_t{0}, count);
+        return 1;
+    }
+    const std::uint64_t per = count / t;
+    auto part = [&fn, per, count, t](unsigned i) {
+        const std::uint64_t begin = i * per;
+        fn(i, begin, i + 1 == t ? count - begin : per);
+    };
+    std::vector<std::thread> pool;
+    unsigned started = 1;
+    try {
+        pool.reserve(t - 1);
+        for (; started < t; ++started) pool.emplace_back(part, started);
+    } catch (const std::exception&) {
+        // Out of threads (or memory for them): the calling thread does the parts left over,
+        // rather than letting the exception destroy joinable threads (std::terminate).
+    }
+    part(0);
+    for (unsigned i = started; i < t; ++i) part(i);
+    for (auto& th : pool) th.join();
+    return t;
+}
+
+}  // namespace fastshard

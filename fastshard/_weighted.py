@@ -1,0 +1,139 @@
+"""Weighted distributed sampling: draws from weights, sharded over ranks like a permutation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _core, _validate, _world
+from ._sampler import _ShardSampler
+
+
+def _as_float64(weights: Any) -> np.ndarray:
+    """The weights as a contiguous 1-D float64 array, converted without a Python loop."""
+    try:
+        import torch
+
+        if isinstance(weights, torch.Tensor):
+            if weights.device.type != "cpu":
+                raise TypeError(f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first")
+            weights = weights.detach().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if isinstance(weights, (str, bytes)):
+        raise TypeError("weights must be a 1-D sequence of numbers, got a string")
+    try:
+        arr = np.asarray(weights)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"weights must be a 1-D sequence of numbers: {err}") from None
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"weights must be numbers (a float, int or bool dtype), got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"weights must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("weights must not be empty")
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+class WeightedDistributedSampler(_ShardSampler):
+    """Weighted sampling for distributed training, for any number of items.
+
+    The epoch is a global sequence of ``num_samples`` draws; rank ``r`` of ``W`` takes draws
+    ``r, r + W, ...`` (``ceil(num_samples / W)`` each, or ``num_samples // W`` with
+    ``drop_last``), so the first ``num_samples`` draws of an epoch are the same for any
+    number of ranks, and random access, ``indices()``, ``BatchSampler`` and (elastic)
+    resume work as for :class:`DistributedSampler`.
+
+    With replacement, draw ``j`` is computed in O(1) from (seed, epoch, j) by a counter-based
+    generator and a Walker alias table built once (8 bytes per item for up to 2**32 items,
+    16 above; nothing per epoch). Without replacement, the epoch is the first
+    ``num_samples`` items of a weighted random order (Efraimidis-Spirakis), computed once per
+    epoch in O(n log n) time and O(n) memory.
+
+    Parameters
+    ----------
+    weights : sequence of float
+        n >= 1 finite, non-negative numbers with a positive sum (list, NumPy array of any
+        numeric dtype, CPU tensor).
+    num_samples : int, optional
+        The epoch's global number of draws (default n). Note: the attribute ``num_samples``
+        is, as for :class:`DistributedSampler`, this rank's count; the global one is
+        ``num_draws``.
+    replacement : bool
+        Draw with replacement (default) or without.
+    num_replicas, rank, seed, drop_last
+        As for :class:`DistributedSampler`.
+    check_consistency : bool
+        With a process group, check once per epoch that all ranks agree on the
+        configuration, including a 64-bit checksum of the weights.
+    """
+
+    def __init__(
+        self,
+        weights: Any,
+        num_samples: int | None = None,
+        replacement: bool = True,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        check_consistency: bool = True,
+    ) -> None:
+        w = _as_float64(weights)
+        first_invalid, total, positive, checksum = _core.summarize_weights(w)
+        if first_invalid >= 0:
+            v = w[first_invalid]
+            what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "negative")
+            raise ValueError(f"weights[{first_invalid}] = {v!r} is {what}; weights must be finite and >= 0")
+        if positive == 0:
+            raise ValueError("weights are all zero; at least one must be positive")
+        if not np.isfinite(total):
+            raise ValueError("the sum of the weights overflows float64; scale them down")
+        self._n = len(w)
+        self.replacement = _validate.flag(replacement, "replacement")
+        limit = positive if not self.replacement else _validate.MAX_LENGTH
+        if num_samples is None:
+            num_samples = self._n if self.replacement else positive
+        self.num_draws = _validate.integer(num_samples, "num_samples")
+        if not 1 <= self.num_draws <= limit:
+            why = f"the number of positive weights ({positive}) without replacement" if not self.replacement else "2**63 - 1"
+            raise ValueError(f"num_samples must be in [1, {limit}] ({why}), got {self.num_draws}")
+        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
+        self.seed = _validate.integer(seed, "seed")
+        self.drop_last = _validate.flag(drop_last, "drop_last")
+        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        self.weights_checksum = int(checksum)
+        self.shuffle = True
+        if self.replacement:
+            self._table: Any = _core.AliasTable(w, total)
+            self._weights: np.ndarray | None = None  # the table replaces them
+        else:
+            self._table = None
+            self._weights = w
+        self._start_pass()
+
+    def _make_shard(self, cursor: int) -> _core.Shard:
+        args = (self.num_draws, self.num_replicas, self.rank, self.drop_last, True, cursor)
+        key = (self.seed % 2**64, self.epoch % 2**64)
+        if self._weights is None:
+            return _core.weighted_shard(self._table, *args, *key)
+        return _core.weighted_order_shard(self._weights, *args, *key)
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "n": self._n,
+            "num_samples": self.num_draws,
+            "replacement": self.replacement,
+            "seed": self.seed % 2**64,
+            "drop_last": self.drop_last,
+            "weights_checksum": self.weights_checksum,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(n={self._n}, num_samples={self.num_draws}, "
+            f"replacement={self.replacement}, num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"seed={self.seed}, epoch={self.epoch}, drop_last={self.drop_last})"
+        )

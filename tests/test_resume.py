@@ -1,0 +1,309 @@
+"""Checkpoint and resume mid-epoch, on the same or another number of ranks."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fastshard
+from fastshard import BatchSampler, DistributedSampler
+
+ORDERS = list(fastshard._sampler.ORDERS)
+
+
+def make(n, W, r, **kw):
+    epoch = kw.pop("epoch", 3)
+    s = DistributedSampler(n, W, r, seed=kw.pop("seed", 17), **kw)
+    s.set_epoch(epoch)
+    return s
+
+
+def consume(sampler, k):
+    """Take k indices (or all there are) through the sampler's own iterator."""
+    it = iter(sampler)
+    return [x for _, x in zip(range(k), it)]
+
+
+def run_interrupted(n, W, W2, k, **kw):
+    """W ranks consume k steps, rank 0 saves; W2 fresh ranks load it and finish the epoch."""
+    old = [make(n, W, r, **kw) for r in range(W)]
+    consumed = [consume(s, k) for s in old]
+    state = json.loads(json.dumps(old[0].state_dict()))
+    for s in old[1:]:
+        # Every rank saves the same state -- except, with pad=False, a rank whose shorter
+        # shard already ran out, which cannot tell step len(shard) from the step after it.
+        if k <= len(s):
+            assert s.state_dict() == state
+    new = [make(n, W2, r, **kw) for r in range(W2)]
+    for s in new:
+        s.set_epoch(0)  # load_state_dict must restore the epoch itself
+        s.load_state_dict(state)
+    rest = [list(s) for s in new]
+    return old, consumed, new, rest
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("n,W", [(1000, 4), (101, 3), (5, 8), (64, 1), (1, 2)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_same_world_size_is_bit_identical(order, shuffle, n, W, drop_last):
+    kw = dict(order=order, shuffle=shuffle, drop_last=drop_last)
+    full = [list(make(n, W, r, **kw)) for r in range(W)]
+    length = len(full[0])
+    for k in sorted({0, 1, length // 2, max(length - 1, 0), length}):
+        _, consumed, new, rest = run_interrupted(n, W, W, k, **kw)
+        for r in range(W):
+            assert consumed[r] + rest[r] == full[r], (k, r)
+            assert len(new[r]) == len(rest[r])
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("n", [1, 7, 100, 1001])
+@pytest.mark.parametrize("W,W2", [(4, 2), (2, 4), (3, 5), (8, 3), (5, 1), (1, 6)])
+def test_elastic_without_padding_yields_every_item_once(order, n, W, W2):
+    length = len(make(n, W, 0, order=order, pad=False))
+    for k in sorted({0, 1, length // 3, max(length - 1, 0), length}):
+        _, consumed, _, rest = run_interrupted(n, W, W2, k, order=order, pad=False)
+        seen = Counter(i for part in consumed + rest for i in part)
+        assert sorted(seen) == list(range(n)) and set(seen.values()) == {1}, k
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("n", [3, 7, 100, 1001])
+@pytest.mark.parametrize("W,W2", [(4, 2), (2, 4), (3, 5), (8, 3), (5, 1), (1, 6)])
+def test_elastic_with_padding_covers_every_item(order, n, W, W2):
+    length = len(make(n, W, 0, order=order))
+    for k in sorted({0, 1, length // 2, max(length - 1, 0), length}):
+        _, consumed, new, rest = run_interrupted(n, W, W2, k, order=order)
+        seen = Counter(i for part in consumed + rest for i in part)
+        assert sorted(seen) == list(range(n)), k
+        repeats = sum(seen.values()) - n
+        assert 0 <= repeats < W + W2, (k, repeats)
+        assert len({len(s) for s in new}) == 1  # equal lengths on every new rank (DDP)
+
+
+def test_after_the_resumed_pass_set_epoch_moves_on():
+    _, _, new, _ = run_interrupted(100, 4, 2, 5)
+    s = new[1]
+    s.set_epoch(4)
+    assert s.state_dict()["cursor"] == 0
+    assert list(s) == list(make(100, 2, 1, epoch=4))
+
+
+def test_state_is_small_versioned_and_rankless():
+    s = make(10**12, 8, 5)
+    consume(s, 3)
+    state = s.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert state["version"] == 1 and state["cursor"] == 24 and state["epoch"] == 3
+    assert "rank" not in state and "num_replicas" not in state
+    assert s.state_dict(consumed=10)["cursor"] == 80
+    with pytest.raises(ValueError, match="consumed"):
+        s.state_dict(consumed=-1)
+    with pytest.raises(ValueError, match="consumed"):
+        s.state_dict(consumed=len(s) + 1)
+
+
+@pytest.mark.parametrize(
+    "change,exc,match",
+    [
+        (lambda st: st.update(n=st["n"] + 1), ValueError, "n="),
+        (lambda st: st.update(seed=st["seed"] + 1), ValueError, "seed="),
+        (lambda st: st.update(order="other"), ValueError, "order="),
+        (lambda st: st.update(shuffle=False), ValueError, "shuffle="),
+        (lambda st: st.update(pad=False), ValueError, "pad="),
+        (lambda st: st.update(drop_last=True), ValueError, "drop_last="),
+        (lambda st: st.update(version=2), ValueError, "version"),
+        (lambda st: st.pop("version"), ValueError, "version"),
+        (lambda st: st.pop("cursor"), ValueError, "cursor"),
+        (lambda st: st.pop("epoch"), ValueError, "epoch"),
+        (lambda st: st.update(cursor="5"), TypeError, "cursor"),
+        (lambda st: st.update(cursor=5.0), TypeError, "cursor"),
+        (lambda st: st.update(epoch=True), TypeError, "epoch"),
+        (lambda st: st.update(cursor=-1), ValueError, "cursor"),
+        (lambda st: st.update(cursor=2**63), ValueError, "cursor"),
+        (lambda st: st.update(shuffle=1), TypeError, "shuffle"),
+    ],
+)
+def test_bad_states_are_refused_and_change_nothing(change, exc, match):
+    donor = make(100, 4, 0)
+    consume(donor, 7)
+    state = donor.state_dict()
+    change(state)
+    s = make(100, 4, 2)
+    s.set_epoch(9)
+    it = iter(s)
+    for _ in range(4):
+        next(it)
+    before = (s.state_dict(), s.epoch, list(s), len(s))
+    it = iter(s)
+    for _ in range(4):
+        next(it)
+    with pytest.raises(exc, match=match):
+        s.load_state_dict(state)
+    assert s.state_dict() == before[0]
+    assert (s.epoch, list(s), len(s)) == before[1:]
+
+
+@pytest.mark.parametrize("bad", [None, [], "state", 3])
+def test_non_dict_state(bad):
+    with pytest.raises(TypeError, match="dict"):
+        make(10, 2, 0).load_state_dict(bad)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    W=st.integers(1, 9),
+    W2=st.integers(1, 9),
+    frac=st.floats(0, 1),
+    pad=st.booleans(),
+    seed=st.integers(-(2**65), 2**65),
+)
+def test_property_elastic_resume(n, W, W2, frac, pad, seed):
+    length = len(make(n, W, 0, pad=pad, seed=seed))
+    k = int(frac * length)
+    _, consumed, _new, rest = run_interrupted(n, W, W2, k, pad=pad, seed=seed)
+    seen = Counter(i for part in consumed + rest for i in part)
+    assert sorted(seen) == list(range(n))
+    if pad:
+        assert sum(seen.values()) - n < W + W2
+    else:
+        assert set(seen.values()) == {1}
+    if W == W2:
+        full = [list(make(n, W, r, pad=pad, seed=seed)) for r in range(W)]
+        assert [c + r for c, r in zip(consumed, rest)] == full
+
+
+# -- BatchSampler ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("W2", [3, 2])
+def test_batch_sampler_resumes_at_batch_granularity(drop_last, W2):
+    W, bs = 3, 4
+    old = [BatchSampler(make(103, W, r), bs, drop_last) for r in range(W)]
+    full = [list(b) for b in old]
+    taken = []
+    for b in old:
+        it = iter(b)
+        taken.append([next(it) for _ in range(2)])
+    state = old[1].state_dict()
+    assert state == old[0].state_dict() and state["cursor"] == 2 * bs * W
+    new = [BatchSampler(make(103, W2, r), bs, drop_last) for r in range(W2)]
+    for b in new:
+        b.load_state_dict(state)
+    rest = [list(b) for b in new]
+    if W2 == W:
+        assert [t + r for t, r in zip(taken, rest)] == full
+    flat = Counter(i for part in taken + rest for batch in part for i in batch)
+    if not drop_last:
+        assert sorted(flat) == list(range(103))
+
+
+# -- torchdata's StatefulDataLoader ---------------------------------------------------------------
+class Items(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_sampler", [False, True])
+def test_stateful_dataloader(num_workers, batch_sampler):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    n, k = 500, 7
+
+    def loader():
+        s = DistributedSampler(n, 2, 1, seed=4)
+        s.set_epoch(2)
+        if batch_sampler:
+            return sdl.StatefulDataLoader(Items(n), batch_sampler=BatchSampler(s, 8), num_workers=num_workers)
+        return sdl.StatefulDataLoader(Items(n), sampler=s, batch_size=8, num_workers=num_workers)
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(k)]
+    state = copy.deepcopy(first.state_dict())
+    del it
+    second = loader()
+    second.load_state_dict(state)
+    rest = [b.tolist() for b in second]
+    assert head == full[:k]
+    assert rest == full[k:]
+
+
+def test_numpy_cursor_from_indices_consumers():
+    # Users who consume through indices() pass `consumed` explicitly.
+    s = make(1000, 4, 3)
+    chunk = s.indices(0, 100)
+    state = s.state_dict(consumed=np.int64(len(chunk)))
+    t = make(1000, 4, 3)
+    t.load_state_dict(state)
+    assert np.concatenate([chunk, t.indices()]).tolist() == list(make(1000, 4, 3))
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    edits=st.dictionaries(
+        st.sampled_from(["version", "n", "seed", "order", "shuffle", "drop_last", "pad", "epoch", "cursor", "extra"]),
+        _values,
+        max_size=3,
+    ),
+    drop=st.lists(st.sampled_from(["version", "n", "epoch", "cursor", "order"]), max_size=2),
+)
+def test_fuzzed_states_never_crash_or_half_apply(edits, drop):
+    donor = make(300, 3, 0)
+    consume(donor, 11)
+    state = donor.state_dict()
+    state.update(edits)
+    for key in drop:
+        state.pop(key, None)
+    s = make(300, 2, 1)
+    s.set_epoch(5)
+    before = (s.state_dict(), s.epoch, len(s))
+    try:
+        s.load_state_dict(state)
+    except (TypeError, ValueError):
+        assert (s.state_dict(), s.epoch, len(s)) == before
+        assert list(s) == list(make(300, 2, 1, epoch=5))
+    else:
+        # accepted: then it is a valid state for this sampler and applies whole
+        assert s.epoch == state["epoch"] and s.state_dict()["cursor"] == state["cursor"]
+        assert len(s) == -(-max(300 - state["cursor"], 0) // 2)
+
+
+def test_pickle_keeps_the_position_not_the_caches():
+    import pickle
+
+    s = make(1000, 4, 1)
+    state = s.state_dict()
+    list(s)  # builds the shard and an iterator
+    s2 = make(1000, 4, 1)
+    consume(s2, 10)
+    s2.load_state_dict(s2.state_dict())
+    t = pickle.loads(pickle.dumps(s2))
+    assert list(t) == list(s2) and t.state_dict(consumed=0) == s2.state_dict(consumed=0)
+    assert pickle.loads(pickle.dumps(s)).state_dict() == state

@@ -1,0 +1,190 @@
+"""WeightedDistributedSampler: distribution, sharding, resume, arguments."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import fastshard
+from fastshard import BatchSampler, WeightedDistributedSampler
+
+ALPHA = 1e-5  # per-test false-alarm rate of the statistical tests
+
+
+def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    keep = probs > 0
+    expected = probs[keep] * counts.sum()
+    return float(stats.chisquare(counts[keep], expected).pvalue)
+
+
+def weights_example(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.exponential(size=n)
+    w[[3, n - 2]] = 0.0
+    w[5] = 30.0  # a heavy item
+    return w
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int8])
+def test_draw_frequencies_match_weights_like_torch_multinomial(dtype):
+    w = (weights_example() * 10).astype(dtype)
+    p = w.astype(np.float64) / w.astype(np.float64).sum()
+    draws = 400_000
+    s = WeightedDistributedSampler(w, num_samples=draws, num_replicas=1, rank=0, seed=1)
+    ours = np.bincount(s.indices(), minlength=len(w))
+    torch.manual_seed(0)
+    theirs = np.bincount(
+        torch.multinomial(torch.as_tensor(p), draws, replacement=True).numpy(), minlength=len(w)
+    )
+    assert ours[p == 0].sum() == 0 and theirs[p == 0].sum() == 0
+    assert chi2_pvalue(ours, p) > ALPHA
+    assert chi2_pvalue(theirs, p) > ALPHA  # the reference passes the same test
+
+
+def test_chi2_detects_wrong_weights():
+    # the test above has power: the same draws judged against other weights fail
+    w = weights_example()
+    s = WeightedDistributedSampler(w, num_samples=400_000, num_replicas=1, rank=0)
+    counts = np.bincount(s.indices(), minlength=len(w))
+    wrong = w.copy()
+    wrong[5] *= 1.05  # the heavy item, 5% more
+    assert chi2_pvalue(counts, wrong / wrong.sum()) < ALPHA
+
+
+def test_alias_table_probabilities_are_exact_to_2_to_the_32():
+    w = weights_example(200, 3)
+    t = fastshard._core.AliasTable(w, float(w.sum()))
+    assert t.nbytes == 8 * len(w)
+    got = np.array([t.probability(i) for i in range(len(w))])
+    want = w / w.sum()
+    # each bucket's split is rounded down to a multiple of 2^-32 of its mass 1/n; item i is
+    # in its own bucket and at most n aliases
+    assert np.all(np.abs(got - want) <= (len(w) + 1) * 2.0**-32 / len(w))
+    big = want > 1e-3
+    assert np.all(np.abs(got[big] - want[big]) / want[big] < 1e-6)
+    assert got[w == 0].sum() == 0
+
+
+def test_same_first_draws_for_any_world_size():
+    w = weights_example()
+    for replacement in (True, False):
+        draws = 37 if not replacement else 1001
+        ref = WeightedDistributedSampler(w, draws, replacement, 1, 0, seed=9)
+        ref.set_epoch(2)
+        ref_seq = ref.indices().tolist()
+        for W in (2, 3, 8):
+            shards = []
+            for r in range(W):
+                s = WeightedDistributedSampler(w, draws, replacement, W, r, seed=9)
+                s.set_epoch(2)
+                shards.append(s.indices().tolist())
+                assert len(s) == -(-draws // W)
+            glob = [shards[j % W][j // W] for j in range(draws)]
+            assert glob == ref_seq
+
+
+def test_without_replacement_no_repeats_and_first_draw_frequencies():
+    w = weights_example(12, 5)
+    positive = int((w > 0).sum())
+    s = WeightedDistributedSampler(w, replacement=False, num_replicas=1, rank=0)
+    assert len(s) == positive
+    firsts = np.zeros(len(w), np.int64)
+    for epoch in range(20_000):
+        s.set_epoch(epoch)
+        if epoch < 50:
+            order = s.indices()
+            assert len(set(order.tolist())) == positive and np.all(w[order] > 0)
+        firsts[s[0]] += 1
+    assert chi2_pvalue(firsts, w / w.sum()) > ALPHA
+
+
+def test_without_replacement_partial_selection_and_limits():
+    w = np.arange(1.0, 1001.0)
+    s = WeightedDistributedSampler(w, num_samples=10, replacement=False, num_replicas=2, rank=1)
+    assert len(s) == 5 and len(set(s.indices().tolist())) == 5
+    with pytest.raises(ValueError, match="num_samples"):
+        WeightedDistributedSampler([1.0, 0.0, 2.0], num_samples=3, replacement=False, num_replicas=1, rank=0)
+
+
+def test_exact_and_elastic_resume():
+    w = weights_example()
+    full = [list(WeightedDistributedSampler(w, 500, True, 4, r, seed=2)) for r in range(4)]
+    old = [WeightedDistributedSampler(w, 500, True, 4, r, seed=2) for r in range(4)]
+    its = [iter(s) for s in old]
+    taken = [[next(it) for _ in range(30)] for it in its]
+    state = json.loads(json.dumps(old[2].state_dict()))
+    assert state["weights_checksum"] == old[0].weights_checksum and state["cursor"] == 120
+    same = [WeightedDistributedSampler(w, 500, True, 4, r, seed=2) for r in range(4)]
+    for s in same:
+        s.load_state_dict(state)
+    assert [t + list(s) for t, s in zip(taken, same)] == full
+    # on 3 ranks: the draws from the cursor on, re-sharded; the global sequence is unchanged
+    glob = [full[j % 4][j // 4] for j in range(500)]
+    new = [WeightedDistributedSampler(w, 500, True, 3, r, seed=2) for r in range(3)]
+    for s in new:
+        s.load_state_dict(state)
+    rest = [list(s) for s in new]
+    assert [rest[j % 3][j // 3] for j in range(380)] == glob[120:]
+    # another set of weights is refused
+    other = w.copy()
+    other[7] += 1e-9
+    with pytest.raises(ValueError, match="weights_checksum"):
+        WeightedDistributedSampler(other, 500, True, 4, 0, seed=2).load_state_dict(state)
+
+
+def test_batch_sampler_and_inputs_of_every_kind():
+    w = [0.5, 0.0, 2.5, 1.0]
+    ref = WeightedDistributedSampler(w, 50, num_replicas=2, rank=0).indices().tolist()
+    for form in (np.array(w), np.array(w, np.float32), torch.tensor(w), tuple(w)):
+        assert WeightedDistributedSampler(form, 50, num_replicas=2, rank=0).indices().tolist() == ref
+    b = BatchSampler(WeightedDistributedSampler(w, 50, num_replicas=2, rank=0), 4)
+    assert [i for batch in b for i in batch] == ref and len(b) == 7
+
+
+def test_beyond_torch_weighted_random_sampler_limit():
+    n = 2**24 + 1
+    w = np.ones(n)
+    w[-1] = 1e6
+    s = WeightedDistributedSampler(w, num_samples=100_000, num_replicas=8, rank=0)
+    got = s.indices()
+    assert got.max() < n and (got == n - 1).mean() > 0.03  # p(last) = 1e6 / (2^24 + 1e6) = 0.056
+    assert s._table.nbytes == 8 * n
+
+
+@pytest.mark.slow
+def test_hundred_million_items():
+    n = 10**8
+    w = np.ones(n)
+    s = WeightedDistributedSampler(w, num_replicas=8, rank=3)
+    head = s.indices(0, 1_000_000)
+    assert head.min() >= 0 and head.max() < n
+    assert len(s) == n // 8
+
+
+@pytest.mark.parametrize(
+    "weights,kwargs,exc,match",
+    [
+        ([1.0, -1.0], {}, ValueError, r"weights\[1\].*negative"),
+        ([1.0, float("nan")], {}, ValueError, r"weights\[1\].*NaN"),
+        ([1.0, 2.0, float("inf")], {}, ValueError, r"weights\[2\].*infinite"),
+        ([0.0, 0.0], {}, ValueError, "all zero"),
+        ([], {}, ValueError, "empty"),
+        ([[1.0, 2.0]], {}, ValueError, "1-D"),
+        (["a", "b"], {}, TypeError, "numbers"),
+        ("abc", {}, TypeError, "string"),
+        (None, {}, TypeError, "numbers"),
+        ([1e308, 1e308], {}, ValueError, "overflow"),
+        ([1.0, 2.0], {"num_samples": 0}, ValueError, "num_samples"),
+        ([1.0, 2.0], {"num_samples": -3}, ValueError, "num_samples"),
+        ([1.0, 2.0], {"num_samples": 2.0}, TypeError, "num_samples"),
+        ([1.0, 0.0, 2.0], {"num_samples": 3, "replacement": False}, ValueError, "positive"),
+        ([1.0, 2.0], {"replacement": "no"}, TypeError, "replacement"),
+    ],
+)
+def test_bad_input(weights, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        WeightedDistributedSampler(weights, num_replicas=1, rank=0, **kwargs)
