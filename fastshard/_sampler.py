@@ -10,7 +10,10 @@ from torch.utils.data import Sampler
 
 from . import _core, _distributed, _state, _validate, _world
 
-ORDERS = ("feistel",)
+ORDERS = ("feistel", "torch")
+
+# torch.Generator.manual_seed accepts [-2**63, 2**64); order="torch" seeds with seed + epoch.
+_TORCH_SEED_MIN, _TORCH_SEED_MAX = -(2**63), 2**64 - 1
 
 
 class _ShardSampler(Sampler[int]):
@@ -27,6 +30,15 @@ class _ShardSampler(Sampler[int]):
 
     def _config(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _plan_args(self) -> tuple[int, bool, bool]:
+        """(length of the epoch's global sequence, drop_last, pad)."""
+        raise NotImplementedError
+
+    def _lengths(self) -> tuple[int, int]:
+        """This pass's (num_samples, total_size), from the plan alone: no order is built."""
+        n, drop_last, pad = self._plan_args()
+        return _core.plan_lengths(n, self.num_replicas, self.rank, drop_last, pad, self._cursor)
 
     def _start_pass(self, epoch: int = 0, cursor: int = 0) -> None:
         self.epoch = epoch
@@ -59,12 +71,12 @@ class _ShardSampler(Sampler[int]):
 
     # -- checkpoints ------------------------------------------------------------------------
     def _cursor_after(self, consumed: int) -> int:
-        shard = self._current()
-        if not 0 <= consumed <= len(shard):
-            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+        length, total = self._lengths()
+        if not 0 <= consumed <= length:
+            raise ValueError(f"consumed must be in [0, {length}] (this pass's length), got {consumed}")
         # At step k every rank has taken its first k items, i.e. all positions before k * W
         # (capped at the pass's end): the same cursor on every rank.
-        return self._cursor + min(consumed * self.num_replicas, shard.total_size)
+        return self._cursor + min(consumed * self.num_replicas, total)
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """A JSON-serialisable checkpoint of the sampler (no rank in it).
@@ -100,15 +112,15 @@ class _ShardSampler(Sampler[int]):
     @property
     def num_samples(self) -> int:
         """This rank's number of indices per epoch."""
-        return len(self._current())
+        return self._lengths()[0]
 
     @property
     def total_size(self) -> int:
         """Indices per epoch over all ranks (``num_samples * num_replicas`` unless pad=False)."""
-        return self._current().total_size
+        return self._lengths()[1]
 
     def __len__(self) -> int:
-        return len(self._current())
+        return self._lengths()[0]
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
@@ -159,11 +171,18 @@ class DistributedSampler(_ShardSampler):
         Any Python int; reduced modulo ``2**64``. ``None``: a random seed in ``[0, 2**63)``
         drawn on rank 0 and broadcast to every rank (a collective call, so every rank must
         pass ``None``; needs an initialised process group, else ValueError). ``seed`` then
-        holds the drawn int.
+        holds the drawn int. With ``order="torch"``, ``seed + epoch`` must lie in
+        ``[-2**63, 2**64)`` as for :meth:`torch.Generator.manual_seed`.
     drop_last : bool
         Truncate to a multiple of ``num_replicas`` instead of padding.
-    order : {"feistel"}
+    order : {"feistel", "torch"}
         ``"feistel"``: a keyed bijection of ``[0, n)``, a fresh one for every (n, seed, epoch).
+        ``"torch"``: exactly the indices of torch's sampler for the same arguments, seed and
+        epoch. It costs what torch's order costs by nature: torch's shuffle is sequential, so
+        the epoch's whole permutation is built (in C++) when the epoch is first used, in O(n)
+        time and 4 bytes per item of transient memory (8 above ``2**32`` items); then only
+        this rank's ``num_samples`` items are kept. The default order costs O(1) time and
+        memory per index and nothing up front.
     pad : bool
         ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
         lengths differ by at most one. For evaluation.
@@ -204,7 +223,30 @@ class DistributedSampler(_ShardSampler):
         self._start_pass()
 
     # -- the epoch's shard ------------------------------------------------------------------
+    def _check_torch_seed(self, epoch: int) -> None:
+        # torch.Generator.manual_seed(seed + epoch) refuses values outside [-2**63, 2**64);
+        # wrapping them silently would yield an order torch never produces.
+        if self.order == "torch" and self.shuffle:
+            value = self.seed + epoch
+            if not _TORCH_SEED_MIN <= value <= _TORCH_SEED_MAX:
+                raise ValueError(
+                    f'order="torch" seeds torch.Generator.manual_seed(seed + epoch), which '
+                    f"needs a value in [-2**63, 2**64 - 1]; seed + epoch = {self.seed} + "
+                    f"{epoch} = {value}"
+                )
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = _validate.integer(epoch, "epoch")
+        self._check_torch_seed(epoch)
+        super().set_epoch(epoch)
+
+    set_epoch.__doc__ = _ShardSampler.set_epoch.__doc__
+
+    def _plan_args(self) -> tuple[int, bool, bool]:
+        return self._n, self.drop_last, self.pad
+
     def _make_shard(self, cursor: int) -> _core.Shard:
+        self._check_torch_seed(self.epoch)
         return _core.Shard(
             self._n,
             self.num_replicas,

@@ -114,6 +114,9 @@ class WeightedDistributedSampler(_ShardSampler):
             self._weights = w
         self._start_pass()
 
+    def _plan_args(self) -> tuple[int, bool, bool]:
+        return self.num_draws, self.drop_last, True
+
     def _make_shard(self, cursor: int) -> _core.Shard:
         args = (self.num_draws, self.num_replicas, self.rank, self.drop_last, True, cursor)
         key = (self.seed % 2**64, self.epoch % 2**64)

@@ -7,6 +7,7 @@
 #include "fastshard/mix.hpp"
 #include "fastshard/parallel.hpp"
 #include "fastshard/shard.hpp"
+#include "fastshard/torch_order.hpp"
 #include "pybind.hpp"
 
 namespace {
@@ -16,14 +17,18 @@ using fastshard::Shard;
 fastshard::Order parse_order(const std::string& name) {
     if (name == "feistel") return fastshard::Order::feistel;
     if (name == "identity") return fastshard::Order::identity;
-    throw py::value_error("order must be 'feistel' or 'identity', got '" + name + "'");
+    if (name == "torch") return fastshard::Order::torch;
+    throw py::value_error("order must be 'feistel', 'identity' or 'torch', got '" + name + "'");
 }
 
 PyShard make(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
              bool pad, std::uint64_t cursor, const std::string& order, std::uint64_t seed,
              std::uint64_t epoch) {
     const auto plan = checked_plan(n, num_replicas, rank, drop_last, pad, cursor);
-    return PyShard{fastshard::make_shard(plan, parse_order(order), seed, epoch)};
+    const auto kind = parse_order(order);
+    // Safe without the GIL: only C++ values are involved. The torch order spends O(n) here.
+    py::gil_scoped_release release;
+    return PyShard{fastshard::make_shard(plan, kind, seed, epoch)};
 }
 
 }  // namespace
@@ -71,6 +76,32 @@ void register_shard(py::module_& m) {
           "The feistel order's permutation of [0, n) with the small-domain table limited to "
           "table_max and the given number of rounds (for studying the bare network; the public "
           "order uses the defaults).");
+    m.def("torch_randperm", [](std::uint64_t n, std::uint32_t seed, const std::string& algorithm) {
+              fastshard::TorchAlgorithm a = fastshard::TorchAlgorithm::automatic;
+              if (algorithm == "fisher_yates") a = fastshard::TorchAlgorithm::fisher_yates;
+              else if (algorithm == "inside_out") a = fastshard::TorchAlgorithm::inside_out;
+              else if (algorithm != "auto")
+                  throw py::value_error("algorithm must be 'auto', 'fisher_yates' or 'inside_out'");
+              if (n > (std::uint64_t{1} << 32)) throw py::value_error("n must be <= 2**32");
+              if (a == fastshard::TorchAlgorithm::fisher_yates && n == (std::uint64_t{1} << 32))
+                  throw py::value_error("fisher_yates needs n < 2**32");
+              py::array_t<std::int64_t> out(static_cast<py::ssize_t>(n));
+              std::int64_t* data = out.mutable_data();
+              {
+                  // Safe without the GIL: `out` is not yet visible to Python.
+                  py::gil_scoped_release release;
+                  fastshard::torch_randperm(data, n, seed, a);
+              }
+              return out;
+          }, py::arg("n"), py::arg("seed"), py::arg("algorithm") = "auto",
+          "torch.randperm(n) from torch.Generator().manual_seed(seed), seed in [0, 2**32), "
+          "computed without torch; `algorithm` forces one of torch's two (for tests).");
+    m.def("plan_lengths", [](std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
+                             bool pad, std::uint64_t cursor) {
+              const auto plan = checked_plan(n, num_replicas, rank, drop_last, pad, cursor);
+              return py::make_tuple(plan.num_samples, plan.total_size);
+          }, py::arg("n"), py::arg("num_replicas"), py::arg("rank"), py::arg("drop_last"), py::arg("pad"),
+          py::arg("cursor"), "(num_samples, total_size) of a plan, without building any order.");
     m.def("get_num_threads", &fastshard::default_threads);
     m.def("set_num_threads", [](unsigned t) { fastshard::set_default_threads(t); }, py::arg("threads"));
     m.attr("FEISTEL_ROUNDS") = fastshard::Feistel::kRounds;

@@ -5,6 +5,7 @@
 
 #include "fastshard/mix.hpp"
 #include "fastshard/parallel.hpp"
+#include "fastshard/torch_order.hpp"
 
 namespace fastshard {
 
@@ -43,6 +44,8 @@ std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint
     switch (order) {
         case Order::identity:
             return std::make_shared<PermutationShard<Identity>>(plan, Identity{});
+        case Order::torch:
+            return std::make_shared<TorchShard>(plan, torch_seed(seed, epoch));
         case Order::feistel:
             break;
     }

@@ -77,8 +77,9 @@ class PermutationShard final : public Shard {
     Perm perm_;
 };
 
-// Order names understood by make_shard.
-enum class Order { feistel, identity };
+// Order names understood by make_shard. `torch` (torch_order.hpp) builds the whole epoch's
+// permutation at construction: O(n) time and memory, unlike the others.
+enum class Order { feistel, identity, torch };
 
 // Domain separator of the feistel order's key (versioned with the order).
 constexpr std::uint64_t kFeistelDomain = 1;
