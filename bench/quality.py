@@ -4,6 +4,7 @@
     python bench/quality.py --scale 1       # the test suite's sample sizes
     python bench/quality.py --rounds 4,6    # also the bare network cut to 4 and 6 rounds
     python bench/quality.py --speed         # only the side-by-side speed check
+    python bench/quality.py --small-network # the bare network on the table's small domains
 
 Prints a Markdown table: for each statistic (tests/_quality.py), the p-value of the feistel
 order, of torch.randperm seeded as torch's DistributedSampler seeds it, and optionally of the
@@ -34,29 +35,79 @@ sys.modules["_quality"] = q
 _spec.loader.exec_module(q)
 
 
-def speed(repeats: int = 7) -> str:
-    """DistributedSampler(10**9, 8, 3).indices() against np.arange of the same length, run
-    alternately in one process; the best of `repeats` each (the machine may be shared)."""
+def speed(rounds: int = 9) -> str:
+    """DistributedSampler(10**9, 8, 3).indices() against np.arange of the same length, timed as
+    interleaved pairs in this process (A B, then B A, ...): best and median of each, and the
+    median of the per-round ratios (the machine may be shared)."""
     import fastshard
 
     s = fastshard.DistributedSampler(10**9, 8, 3)
     n = len(s)
-    ts, ta = [], []
-    for _ in range(repeats):
+
+    def fill() -> float:
         t = time.perf_counter()
         a = s.indices()
-        ts.append(time.perf_counter() - t)
-        del a
+        dt = time.perf_counter() - t
+        assert len(a) == n
+        return dt
+
+    def arange() -> float:
         t = time.perf_counter()
         b = np.arange(n)
-        ta.append(time.perf_counter() - t)
-        del b
+        dt = time.perf_counter() - t
+        assert len(b) == n
+        return dt
+
+    ts: list[float] = []
+    ta: list[float] = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            ts.append(fill())
+            ta.append(arange())
+        else:
+            ta.append(arange())
+            ts.append(fill())
+    ratios = sorted(x / y for x, y in zip(ts, ta))
+    med = rounds // 2
     return (
         f"DistributedSampler(10**9, 8, 3).indices() ({n:,} indices, "
         f"{fastshard.get_num_threads()} threads): best {min(ts):.3f} s, median "
-        f"{sorted(ts)[repeats // 2]:.3f} s; np.arange({n:,}): best {min(ta):.3f} s, median "
-        f"{sorted(ta)[repeats // 2]:.3f} s; ratio of bests {min(ts) / min(ta):.2f}"
+        f"{sorted(ts)[med]:.3f} s; np.arange({n:,}): best {min(ta):.3f} s, median "
+        f"{sorted(ta)[med]:.3f} s; ratio: median of {rounds} paired rounds "
+        f"{ratios[med]:.2f}, of the bests {min(ts) / min(ta):.2f}"
     )
+
+
+def small_network() -> None:
+    """The bare 8-round network (no table) on the small domains the table covers."""
+    import math
+
+    net = q.Network(8)
+    print("| statistic | n | samples | bare 8-round network p | statistic |")
+    print("|---|---:|---:|---:|---|")
+    rows = [
+        (
+            "all n! permutations",
+            n,
+            lambda n=n: q.all_permutations(net, n, range(400 * math.factorial(n))),
+        )
+        for n in (3, 4, 5)
+    ]
+    for n in (16, 32, 64, 128, 256, 512, 1000):
+        rows += [
+            ("position, full table", n, lambda n=n: q.position_table(net, n, range(20 * n))),
+            ("number of cycles", n, lambda n=n: q.cycle_counts(net, n, range(16000))),
+            ("fixed points", n, lambda n=n: q.fixed_points(net, n, range(16000))),
+            (
+                "P(i+1)-P(i) mod n",
+                n,
+                lambda n=n: q.differences(net, n, range(max(1600, 400_000 // n))),
+            ),
+        ]
+    for name, n, run in rows:
+        r = run()
+        p = f"**{r.p:.2g}**" if not r.ok else f"{r.p:.2g}"
+        print(f"| {name} | {n} | {r.samples} | {p} | {r.statistic} |", flush=True)
 
 
 def main() -> None:
@@ -64,11 +115,17 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=4.0, help="sample sizes relative to the tests")
     ap.add_argument("--rounds", default="", help="comma-separated round counts of the bare network")
     ap.add_argument("--speed", action="store_true", help="only the speed check")
+    ap.add_argument(
+        "--small-network", action="store_true", help="only the bare network on n <= 1000"
+    )
     ap.add_argument("--only", default="", help="only cases whose id contains this text")
     args = ap.parse_args()
 
     if args.speed:
         print(speed())
+        return
+    if args.small_network:
+        small_network()
         return
 
     sources: list[q.Source] = [q.Feistel(), q.TorchRandperm()]
