@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._version import __version__
 
 try:
-    from . import _core
+    from . import _core  # noqa: F401 - fail early, with advice, when the build is missing
 except ImportError as err:  # pragma: no cover - only without a build
     raise ImportError(
         "fastshard's compiled module fastshard._core could not be imported. Install the "
@@ -15,10 +15,8 @@ except ImportError as err:  # pragma: no cover - only without a build
 
 from ._distributed import InconsistentRanksError
 from ._sampler import BatchSampler, DistributedSampler
+from ._threads import get_num_threads, set_num_threads
 from ._weighted import WeightedDistributedSampler
-
-get_num_threads = _core.get_num_threads
-set_num_threads = _core.set_num_threads
 
 __all__ = [
     "BatchSampler",

@@ -90,9 +90,11 @@ class _ShardSampler(Sampler[int]):
         return state
 
     def _current(self) -> _core.Shard:
-        if self._shard is None:
-            self._shard = self._make_shard(self._cursor)
-        return self._shard
+        # Read once into a local: another thread's set_epoch may reset self._shard meanwhile.
+        shard = self._shard
+        if shard is None:
+            shard = self._shard = self._make_shard(self._cursor)
+        return shard
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
@@ -185,7 +187,12 @@ class _ShardSampler(Sampler[int]):
 
     def __getitem__(self, k: int) -> int:
         """This rank's k-th index of the epoch (negative k counts from the end)."""
-        return self._current()[_validate.integer(k, "index")]
+        k = _validate.integer(k, "index")
+        shard = self._current()
+        n = len(shard)
+        if not -n <= k < n:  # checked here: beyond int64 the compiled call cannot take k at all
+            raise IndexError(f"index {k} is out of range for a shard of {n} items")
+        return shard[k]
 
 
 class DistributedSampler(_ShardSampler):

@@ -5,13 +5,15 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as np
+
 MAX_LENGTH = 2**63 - 1
 _U64 = 2**64
 
 
 def integer(value: Any, name: str) -> int:
     """Return ``value`` as a Python int; accepts int and NumPy integers, refuses bool and floats."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, got bool {value!r}")
     try:
         return operator.index(value)
@@ -29,14 +31,14 @@ def in_range(value: Any, name: str, low: int, high: int) -> int:
 
 def flag(value: Any, name: str) -> bool:
     """A bool (Python or NumPy); anything else is refused rather than judged by truthiness."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def length(dataset: Any) -> int:
     """The number of items of a Sized object or an int length, in [0, 2**63 - 1]."""
-    if isinstance(dataset, bool):
+    if isinstance(dataset, (bool, np.bool_)):
         raise TypeError("dataset must be a Sized object or an int length, got bool")
     try:
         n = operator.index(dataset)

@@ -8,6 +8,7 @@
 
 namespace py = pybind11;
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,13 +70,21 @@ struct PyShard {
     py::list batch(std::uint64_t start, std::uint64_t stop) const {
         check_range(start, stop);
         const std::uint64_t count = stop - start;
-        std::unique_ptr<std::int64_t[]> buf(new std::int64_t[count == 0 ? 1 : count]);
-        shard->fill(start, count, buf.get());
-        py::list out(static_cast<py::ssize_t>(count));
-        for (std::uint64_t i = 0; i < count; ++i) {
-            PyObject* v = PyLong_FromLongLong(buf[i]);
-            if (v == nullptr) throw py::error_already_set();
-            PyList_SET_ITEM(out.ptr(), static_cast<py::ssize_t>(i), v);
+        // The list first, through PyList_New: an impossible size is a MemoryError. The items are
+        // then filled in chunks through a small buffer, with no temporary copy of the batch.
+        PyObject* raw = PyList_New(static_cast<py::ssize_t>(count));
+        if (raw == nullptr) throw py::error_already_set();
+        auto out = py::reinterpret_steal<py::list>(raw);
+        constexpr std::uint64_t kChunk = 1024;
+        std::int64_t buf[kChunk];
+        for (std::uint64_t done = 0; done < count; done += kChunk) {
+            const std::uint64_t m = std::min(kChunk, count - done);
+            shard->fill(start + done, m, buf);
+            for (std::uint64_t i = 0; i < m; ++i) {
+                PyObject* v = PyLong_FromLongLong(buf[i]);
+                if (v == nullptr) throw py::error_already_set();  // the list frees what is set
+                PyList_SET_ITEM(raw, static_cast<py::ssize_t>(done + i), v);
+            }
         }
         return out;
     }

@@ -131,19 +131,24 @@ void register_shard(py::module_& m) {
              }, py::arg("start") = 0)
         .def("__iter__", [](const PyShard& s) { return make_shard_iterator(s.shard, 0, s.size()); });
 
-    m.def("feistel_network", [](std::uint64_t n, std::uint64_t seed, std::uint64_t epoch, std::uint64_t table_max) {
+    m.def("feistel_network", [](std::uint64_t n, std::uint64_t seed, std::uint64_t epoch, std::uint64_t table_max,
+                                int rounds) {
               if (n > (std::uint64_t{1} << 24)) throw py::value_error("n must be <= 2**24");
               if (table_max > fastshard::Feistel::kTableMax) throw py::value_error("table_max too large");
+              if (rounds < 1 || rounds > fastshard::Feistel::kMaxRounds)
+                  throw py::value_error("rounds must be in [1, 32]");
               const auto key = fastshard::derive_key(fastshard::kFeistelDomain, n, seed, epoch);
-              const fastshard::Feistel perm(n, key, table_max);
+              const fastshard::Feistel perm(n, key, table_max, rounds);
               py::array_t<std::int64_t> out(static_cast<py::ssize_t>(n));
               auto* x = reinterpret_cast<std::uint64_t*>(out.mutable_data());
               for (std::uint64_t i = 0; i < n; ++i) x[i] = i;
               perm.apply(x, static_cast<std::size_t>(n));
               return out;
           }, py::arg("n"), py::arg("seed"), py::arg("epoch"), py::arg("table_max"),
+          py::arg("rounds") = fastshard::Feistel::kRounds,
           "The feistel order's permutation of [0, n) with the small-domain table limited to "
-          "table_max (for studying the bare network; the public order uses the default).");
+          "table_max and the given number of rounds (for studying the bare network; the public "
+          "order uses the defaults).");
     m.def("torch_randperm", [](std::uint64_t n, std::uint32_t seed, const std::string& algorithm) {
               fastshard::TorchAlgorithm a = fastshard::TorchAlgorithm::automatic;
               if (algorithm == "fisher_yates") a = fastshard::TorchAlgorithm::fisher_yates;

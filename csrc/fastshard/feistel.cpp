@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 #include "fastshard/mix.hpp"
 
@@ -34,7 +35,9 @@ constexpr std::size_t kBlock = 64;
 
 }  // namespace
 
-Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max) : n_(n) {
+Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max, int rounds)
+    : n_(n), rounds_(rounds) {
+    if (rounds < 1 || rounds > kMaxRounds) throw std::invalid_argument("rounds must be in [1, 32]");
     SplitMix64 stream(key);
     if (n <= 1 || n <= table_max) {
         table_.resize(static_cast<std::size_t>(n));
@@ -48,29 +51,39 @@ Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max) : 
     const unsigned k = std::max(bit_width(n - 1), 2U);  // >= 11 with the default table
     hi_bits_ = k - k / 2;
     lo_bits_ = k / 2;
-    for (int r = 0; r < kRounds; ++r) {
+    for (int r = 0; r < rounds_; ++r) {
         const std::uint64_t w = stream.next();
         xor_keys_[r] = static_cast<std::uint32_t>(w);
         add_keys_[r] = static_cast<std::uint32_t>(w >> 32);
     }
 }
 
-// Compiled for several instruction sets where the toolchain can pick one at load time
-// (GCC/Clang ifuncs on x86-64 ELF): the portable wheel keeps the speed of AVX2/AVX-512.
-FASTSHARD_CLONES void Feistel::encrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
+namespace {
+
+#if defined(_MSC_VER)
+#define FASTSHARD_INLINE __forceinline
+#else
+#define FASTSHARD_INLINE __attribute__((always_inline)) inline
+#endif
+
+// The network on count <= kBlock lanes, in place. Always inlined, so that a caller passing the
+// constant kRounds gets code specialised for it.
+FASTSHARD_INLINE void encrypt_lanes(std::uint64_t* x, std::size_t count, int rounds,
+                                    unsigned hi_bits, unsigned lo_bits,
+                                    const std::uint32_t* xor_keys, const std::uint32_t* add_keys) {
     // Structure of arrays over the lanes, rounds outside: each round is one vectorisable loop.
     std::uint32_t a[kBlock];
     std::uint32_t b[kBlock];
-    const std::uint32_t lo_mask = low_mask(lo_bits_);
+    const std::uint32_t lo_mask = low_mask(lo_bits);
     for (std::size_t i = 0; i < count; ++i) {
-        a[i] = static_cast<std::uint32_t>(x[i] >> lo_bits_);
+        a[i] = static_cast<std::uint32_t>(x[i] >> lo_bits);
         b[i] = static_cast<std::uint32_t>(x[i]) & lo_mask;
     }
-    std::uint32_t mask_a = low_mask(hi_bits_);
+    std::uint32_t mask_a = low_mask(hi_bits);
     std::uint32_t mask_b = lo_mask;
-    for (int r = 0; r < kRounds; ++r) {
-        const std::uint32_t kx = xor_keys_[r];
-        const std::uint32_t ka = add_keys_[r];
+    for (int r = 0; r < rounds; ++r) {
+        const std::uint32_t kx = xor_keys[r];
+        const std::uint32_t ka = add_keys[r];
         for (std::size_t i = 0; i < count; ++i) {
             const std::uint32_t f = hash32(b[i] ^ kx) + ka;
             const std::uint32_t next_b = (a[i] + f) & mask_a;
@@ -79,7 +92,21 @@ FASTSHARD_CLONES void Feistel::encrypt_block(std::uint64_t* x, std::size_t count
         }
         std::swap(mask_a, mask_b);
     }
-    for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << lo_bits_) | b[i];
+    // After an odd number of rounds the halves have traded widths: b is the wider one.
+    const unsigned b_bits = rounds % 2 == 0 ? lo_bits : hi_bits;
+    for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << b_bits) | b[i];
+}
+
+}  // namespace
+
+// Compiled for several instruction sets where the toolchain can pick one at load time
+// (GCC/Clang ifuncs on x86-64 ELF): the portable wheel keeps the speed of AVX2/AVX-512.
+FASTSHARD_CLONES void Feistel::encrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
+    if (rounds_ == kRounds) {  // the public order
+        encrypt_lanes(x, count, kRounds, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+    } else {  // networks studied with other round counts
+        encrypt_lanes(x, count, rounds_, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+    }
 }
 
 void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
@@ -89,31 +116,38 @@ void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
     }
     // Cycle walking: values that leave [0, n) are encrypted again until they return. The
     // cycle of each value under the network contains it (in range), so this ends, after < 2
-    // steps on average. Out-of-range lanes are compacted and walked together, vectorised.
-    std::uint64_t pending[kBlock];
-    std::uint32_t lane[kBlock];
+    // encryptions on average. Lanes still walking wait in one pool across blocks, which is
+    // encrypted whenever it is full: the walks too run on full, vectorised blocks.
+    std::uint64_t pool[kBlock];
+    std::size_t home[kBlock];  // where in x each pooled value belongs
+    std::size_t pooled = 0;
+    auto walk = [&] {  // one encryption of the pool; the lanes that return leave it
+        encrypt_block(pool, pooled);
+        std::size_t still = 0;
+        for (std::size_t i = 0; i < pooled; ++i) {
+            const std::uint64_t v = pool[i];
+            x[home[i]] = v;  // final once v < n; rewritten otherwise
+            pool[still] = v;
+            home[still] = home[i];
+            still += v >= n_ ? 1 : 0;
+        }
+        pooled = still;
+    };
     for (std::size_t start = 0; start < count; start += kBlock) {
         const std::size_t m = std::min(kBlock, count - start);
         std::uint64_t* block = x + start;
         encrypt_block(block, m);
-        std::size_t left = 0;
         for (std::size_t i = 0; i < m; ++i) {
-            pending[left] = block[i];
-            lane[left] = static_cast<std::uint32_t>(i);
-            left += block[i] >= n_ ? 1 : 0;
-        }
-        while (left != 0) {
-            encrypt_block(pending, left);
-            std::size_t still = 0;
-            for (std::size_t i = 0; i < left; ++i) {
-                block[lane[i]] = pending[i];
-                pending[still] = pending[i];
-                lane[still] = lane[i];
-                still += pending[i] >= n_ ? 1 : 0;
+            pool[pooled] = block[i];
+            home[pooled] = start + i;
+            pooled += block[i] >= n_ ? 1 : 0;
+            if (pooled == kBlock) {
+                do walk();
+                while (pooled == kBlock);
             }
-            left = still;
         }
     }
+    while (pooled != 0) walk();
 }
 
 }  // namespace fastshard

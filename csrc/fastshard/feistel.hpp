@@ -24,11 +24,15 @@ namespace fastshard {
 class Feistel {
   public:
     static constexpr int kRounds = 8;
+    static constexpr int kMaxRounds = 32;
     static constexpr std::uint64_t kTableMax = 1024;
 
-    // `table_max` other than kTableMax exists for tests that study the bare network on small
-    // domains; the public order always uses kTableMax.
-    Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max = kTableMax);
+    // `table_max` and `rounds` other than the defaults exist to study the bare network (small
+    // domains, fewer rounds); the public order always uses kTableMax and kRounds. The keys of
+    // round r do not depend on the number of rounds, so a network of r rounds is the first r
+    // rounds of a longer one.
+    Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max = kTableMax,
+            int rounds = kRounds);
 
     std::uint64_t size() const noexcept { return n_; }
 
@@ -47,8 +51,9 @@ class Feistel {
     std::uint64_t n_;
     unsigned hi_bits_ = 0;  // width of the high half at the start (ceil(k/2))
     unsigned lo_bits_ = 0;  // width of the low half at the start (floor(k/2))
-    std::array<std::uint32_t, kRounds> xor_keys_{};
-    std::array<std::uint32_t, kRounds> add_keys_{};
+    int rounds_ = kRounds;
+    std::array<std::uint32_t, kMaxRounds> xor_keys_{};
+    std::array<std::uint32_t, kMaxRounds> add_keys_{};
     std::vector<std::uint32_t> table_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -13,7 +14,8 @@ unsigned default_threads() noexcept;
 void set_default_threads(unsigned threads) noexcept;
 
 // Calls fn(part, begin, length) for up to `threads` contiguous parts of [0, count), each of at
-// least `min_per_thread` items, part 0 on the calling thread. Returns the number of parts.
+// least `min_per_thread` items, part 0 on the calling thread (and any part no thread could be
+// started for). Returns the number of parts.
 template <class Fn>
 unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_per_thread, Fn&& fn) {
     if (threads == 0) threads = default_threads();
@@ -24,14 +26,21 @@ unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_p
         return 1;
     }
     const std::uint64_t per = count / t;
-    std::vector<std::thread> pool;
-    pool.reserve(t - 1);
-    for (unsigned i = 1; i < t; ++i) {
+    auto part = [&fn, per, count, t](unsigned i) {
         const std::uint64_t begin = i * per;
-        const std::uint64_t len = i + 1 == t ? count - begin : per;
-        pool.emplace_back([&fn, i, begin, len] { fn(i, begin, len); });
+        fn(i, begin, i + 1 == t ? count - begin : per);
+    };
+    std::vector<std::thread> pool;
+    unsigned started = 1;
+    try {
+        pool.reserve(t - 1);
+        for (; started < t; ++started) pool.emplace_back(part, started);
+    } catch (const std::exception&) {
+        // Out of threads (or memory for them): the calling thread does the parts left over,
+        // rather than letting the exception destroy joinable threads (std::terminate).
     }
-    fn(0U, std::uint64_t{0}, per);
+    part(0);
+    for (unsigned i = started; i < t; ++i) part(i);
     for (auto& th : pool) th.join();
     return t;
 }
