@@ -4,6 +4,8 @@ Commands
 --------
 bench
     fastshard beside torch, torchdata and grain on this machine (see ``fastshard._bench``).
+quality
+    the default order's statistics next to torch.randperm (see ``fastshard._quality_report``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "installed peer. Prints a Markdown table.",
         )
     )
-    args = parser.parse_args(argv)
+    commands.add_parser(
+        "quality",
+        help="the default order's statistics next to torch.randperm (--help for options)",
+        add_help=False,
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "quality":
+        from . import _quality_report
+
+        _quality_report.main(rest)
+        return 0
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "bench":
         return _bench.main(args)
     parser.print_help(sys.stderr)

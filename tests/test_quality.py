@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from . import _quality as q
+from fastshard import _quality as q
 
 FEISTEL = q.Feistel()
 CASES = q.battery(1.0)

@@ -1,4 +1,4 @@
-"""Statistics of random permutations, shared by tests/test_quality.py and bench/quality.py.
+"""Statistics of random permutations, shared by tests/test_quality.py and the report (python -m fastshard quality).
 
 Every statistic compares many permutations (one per seed or epoch) with what *uniformly random
 and independent* permutations would give, and returns a two-sided p-value computed from the
