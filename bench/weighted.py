@@ -57,17 +57,25 @@ def main() -> None:
     ap.add_argument("--n", type=float, nargs="+", default=[1e5, 1e8])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    print("| n | sum | summary (check+checksum) | table (best) | table+summary / sum | table, first call | fresh write, first call | first table / first write | draws | indices() ns/draw | NumPy gather ns/draw | ratio | default order ns/index |")
+    print(
+        "| n | sum | summary (check+checksum) | table (best) | table+summary / sum | table, first call | fresh write, first call | first table / first write | draws | indices() ns/draw | NumPy gather ns/draw | ratio | default order ns/index |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.n:
-        res = subprocess.run([sys.executable, "-c", CHILD, str(n), str(args.repeat)],
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", CHILD, str(n), str(args.repeat)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(res.stdout)
         per = 1e9 / r["draws"]
-        print(f"| {n:.0e} | {r['sum_s']*1e3:.1f} ms | {r['summary_s']*1e3:.1f} ms | {r['table_s']*1e3:.1f} ms | "
-              f"{(r['table_s'] + r['summary_s']) / r['sum_s']:.1f}x | {r['table_first_s']*1e3:.1f} ms | "
-              f"{r['fresh_write_first_s']*1e3:.1f} ms | {r['table_first_s'] / r['fresh_write_first_s']:.1f}x | {r['draws']:.0e} | {r['indices_s']*per:.1f} | "
-              f"{r['gather_s']*per:.1f} | {r['indices_s'] / r['gather_s']:.2f}x | {r['default_order_indices_s']*per:.1f} |")
+        print(
+            f"| {n:.0e} | {r['sum_s'] * 1e3:.1f} ms | {r['summary_s'] * 1e3:.1f} ms | {r['table_s'] * 1e3:.1f} ms | "
+            f"{(r['table_s'] + r['summary_s']) / r['sum_s']:.1f}x | {r['table_first_s'] * 1e3:.1f} ms | "
+            f"{r['fresh_write_first_s'] * 1e3:.1f} ms | {r['table_first_s'] / r['fresh_write_first_s']:.1f}x | {r['draws']:.0e} | {r['indices_s'] * per:.1f} | "
+            f"{r['gather_s'] * per:.1f} | {r['indices_s'] / r['gather_s']:.2f}x | {r['default_order_indices_s'] * per:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -20,16 +20,12 @@ Run it against an installed fastshard from outside the source tree's import path
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import platform
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from . import _quality as q
-
 
 
 def speed(rounds: int = 9) -> str:

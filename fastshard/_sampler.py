@@ -61,7 +61,12 @@ class _ShardSampler(Sampler[int]):
         after a pass that ran to its end, with no set_epoch or load_state_dict since, advance
         the epoch (auto_epoch) or warn once that the same order comes again."""
         it = self._iterator
-        if self.auto_epoch and it is None and (self._cursor or self._round) and self._lengths()[1] == 0:
+        if (
+            self.auto_epoch
+            and it is None
+            and (self._cursor or self._round)
+            and self._lengths()[1] == 0
+        ):
             # A state saved at the end of a pass: its rest is empty on every rank, so the
             # next epoch begins now rather than after an empty pass.
             self._start_pass(self.epoch + 1)
@@ -107,7 +112,9 @@ class _ShardSampler(Sampler[int]):
     def _cursor_after(self, consumed: int) -> int:
         length, total = self._lengths()
         if not 0 <= consumed <= length:
-            raise ValueError(f"consumed must be in [0, {length}] (this pass's length), got {consumed}")
+            raise ValueError(
+                f"consumed must be in [0, {length}] (this pass's length), got {consumed}"
+            )
         # At step k every rank has taken its first k items, i.e. all positions before k * W
         # (capped at the pass's end): the same cursor on every rank.
         return self._cursor + min(consumed * self.num_replicas, total)
@@ -368,7 +375,9 @@ class DistributedSampler(_ShardSampler):
             return super()._resume_after(consumed)
         shard = self._current()
         if not 0 <= consumed <= len(shard):
-            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+            raise ValueError(
+                f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}"
+            )
         cursor, rnd = shard.resume_after(consumed)
         return cursor, rnd
 
@@ -379,7 +388,9 @@ class DistributedSampler(_ShardSampler):
         return point
 
     def __repr__(self) -> str:
-        block = f", block_size={self.block_size}, window={self.window}" if self.order == "block" else ""
+        block = (
+            f", block_size={self.block_size}, window={self.window}" if self.order == "block" else ""
+        )
         return (
             f"{type(self).__name__}(n={self._n}, num_replicas={self.num_replicas}, "
             f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, "
@@ -428,7 +439,11 @@ class BatchSampler(Sampler[list[int]]):
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """The sampler's state after ``consumed_batches`` batches of this pass (default: as
         many as the latest iteration yielded)."""
-        b = self._yielded if consumed_batches is None else _validate.integer(consumed_batches, "consumed_batches")
+        b = (
+            self._yielded
+            if consumed_batches is None
+            else _validate.integer(consumed_batches, "consumed_batches")
+        )
         if b < 0:
             raise ValueError(f"consumed_batches must be >= 0, got {b}")
         return self.sampler.state_dict(min(b * self.batch_size, len(self.sampler)))

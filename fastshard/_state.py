@@ -21,7 +21,9 @@ Round = tuple[int, int, int, int, int]
 _MAX = 2**63 - 1
 
 
-def make(config: dict[str, Any], epoch: int, cursor: int, rnd: Round | None = None) -> dict[str, Any]:
+def make(
+    config: dict[str, Any], epoch: int, cursor: int, rnd: Round | None = None
+) -> dict[str, Any]:
     state = {"version": VERSION, **config, "epoch": epoch, "cursor": cursor}
     if "block_size" in config:
         state["round"] = None if rnd is None else dict(zip(ROUND_FIELDS, rnd))
@@ -42,7 +44,9 @@ def _check_round(value: Any, cursor: int, config: dict[str, Any]) -> Round | Non
     if not isinstance(value, dict):
         raise TypeError(f"state['round'] must be None or a dict, got {type(value).__name__}")
     if set(value) != set(ROUND_FIELDS):
-        raise ValueError(f"state['round'] must have exactly the keys {', '.join(ROUND_FIELDS)}, got {sorted(value)}")
+        raise ValueError(
+            f"state['round'] must have exactly the keys {', '.join(ROUND_FIELDS)}, got {sorted(value)}"
+        )
     for key in ROUND_FIELDS:
         v = value[key]
         if not _typed(v, int):
@@ -52,7 +56,9 @@ def _check_round(value: Any, cursor: int, config: dict[str, Any]) -> Round | Non
     chunks, size, rem, offset, taken = (value[k] for k in ROUND_FIELDS)
     n, chunk = config["n"], config["block_size"] * config["window"]
     if chunks < 1 or rem >= chunks:
-        raise ValueError(f"state['round'] needs chunks >= 1 and rem < chunks, got chunks={chunks}, rem={rem}")
+        raise ValueError(
+            f"state['round'] needs chunks >= 1 and rem < chunks, got chunks={chunks}, rem={rem}"
+        )
     if size + (rem > 0) > chunk:
         raise ValueError(f"state['round'] chunks exceed block_size * window = {chunk}")
     if cursor + chunks * size + rem > n:
@@ -61,7 +67,9 @@ def _check_round(value: Any, cursor: int, config: dict[str, Any]) -> Round | Non
         raise ValueError(f"state['round']['offset'] must be <= size + 1, got {offset}")
     left = rem * max(size + 1 - offset, 0) + (chunks - rem) * max(size - offset, 0)
     if taken > left:
-        raise ValueError(f"state['round']['taken'] must be <= {left} (the round's items left), got {taken}")
+        raise ValueError(
+            f"state['round']['taken'] must be <= {left} (the round's items left), got {taken}"
+        )
     return chunks, size, rem, offset, taken
 
 
@@ -82,7 +90,9 @@ def check(state: Any, config: dict[str, Any]) -> tuple[int, int, Round | None]:
         raise ValueError("state has no 'version': it is not a fastshard sampler state")
     version = state["version"]
     if not _typed(version, int) or version != VERSION:
-        raise ValueError(f"unknown state version {version!r}; this fastshard reads version {VERSION}")
+        raise ValueError(
+            f"unknown state version {version!r}; this fastshard reads version {VERSION}"
+        )
     kinds = {key: type(value) for key, value in config.items()}
     kinds.update(epoch=int, cursor=int)
     rounds = "block_size" in config

@@ -18,7 +18,9 @@ def integer(value: Any, name: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        raise TypeError(
+            f"{name} must be an integer, got {type(value).__name__} {value!r}"
+        ) from None
 
 
 def in_range(value: Any, name: str, low: int, high: int) -> int:

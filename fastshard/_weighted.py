@@ -17,7 +17,9 @@ def _as_float64(weights: Any) -> np.ndarray:
 
         if isinstance(weights, torch.Tensor):
             if weights.device.type != "cpu":
-                raise TypeError(f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first")
+                raise TypeError(
+                    f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first"
+                )
             weights = weights.detach().numpy()
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
@@ -28,7 +30,9 @@ def _as_float64(weights: Any) -> np.ndarray:
     except (TypeError, ValueError) as err:
         raise TypeError(f"weights must be a 1-D sequence of numbers: {err}") from None
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"weights must be numbers (a float, int or bool dtype), got dtype {arr.dtype}")
+        raise TypeError(
+            f"weights must be numbers (a float, int or bool dtype), got dtype {arr.dtype}"
+        )
     if arr.ndim != 1:
         raise ValueError(f"weights must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
@@ -90,7 +94,9 @@ class WeightedDistributedSampler(_ShardSampler):
         if first_invalid >= 0:
             v = w[first_invalid]
             what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "negative")
-            raise ValueError(f"weights[{first_invalid}] = {v!r} is {what}; weights must be finite and >= 0")
+            raise ValueError(
+                f"weights[{first_invalid}] = {v!r} is {what}; weights must be finite and >= 0"
+            )
         if positive == 0:
             raise ValueError("weights are all zero; at least one must be positive")
         if not np.isfinite(total):
@@ -102,7 +108,11 @@ class WeightedDistributedSampler(_ShardSampler):
             num_samples = self._n if self.replacement else positive
         self.num_draws = _validate.integer(num_samples, "num_samples")
         if not 1 <= self.num_draws <= limit:
-            why = f"the number of positive weights ({positive}) without replacement" if not self.replacement else "2**63 - 1"
+            why = (
+                f"the number of positive weights ({positive}) without replacement"
+                if not self.replacement
+                else "2**63 - 1"
+            )
             raise ValueError(f"num_samples must be in [1, {limit}] ({why}), got {self.num_draws}")
         self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
         self.seed = _validate.integer(seed, "seed")

@@ -20,7 +20,11 @@ def run_python(code: str, timeout: float = 120) -> str:
     """
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
         cwd=tempfile.gettempdir(),
     )
     assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{proc.stderr}"

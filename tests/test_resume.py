@@ -235,7 +235,9 @@ def test_stateful_dataloader(num_workers, batch_sampler):
         s = DistributedSampler(n, 2, 1, seed=4)
         s.set_epoch(2)
         if batch_sampler:
-            return sdl.StatefulDataLoader(Items(n), batch_sampler=BatchSampler(s, 8), num_workers=num_workers)
+            return sdl.StatefulDataLoader(
+                Items(n), batch_sampler=BatchSampler(s, 8), num_workers=num_workers
+            )
         return sdl.StatefulDataLoader(Items(n), sampler=s, batch_size=8, num_workers=num_workers)
 
     full = [b.tolist() for b in loader()]
@@ -275,7 +277,20 @@ _values = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(
     edits=st.dictionaries(
-        st.sampled_from(["version", "n", "seed", "order", "shuffle", "drop_last", "pad", "epoch", "cursor", "extra"]),
+        st.sampled_from(
+            [
+                "version",
+                "n",
+                "seed",
+                "order",
+                "shuffle",
+                "drop_last",
+                "pad",
+                "epoch",
+                "cursor",
+                "extra",
+            ]
+        ),
         _values,
         max_size=3,
     ),

@@ -107,7 +107,9 @@ def test_without_replacement_partial_selection_and_limits():
     s = WeightedDistributedSampler(w, num_samples=10, replacement=False, num_replicas=2, rank=1)
     assert len(s) == 5 and len(set(s.indices().tolist())) == 5
     with pytest.raises(ValueError, match="num_samples"):
-        WeightedDistributedSampler([1.0, 0.0, 2.0], num_samples=3, replacement=False, num_replicas=1, rank=0)
+        WeightedDistributedSampler(
+            [1.0, 0.0, 2.0], num_samples=3, replacement=False, num_replicas=1, rank=0
+        )
 
 
 def test_exact_and_elastic_resume():
@@ -140,7 +142,9 @@ def test_batch_sampler_and_inputs_of_every_kind():
     w = [0.5, 0.0, 2.5, 1.0]
     ref = WeightedDistributedSampler(w, 50, num_replicas=2, rank=0).indices().tolist()
     for form in (np.array(w), np.array(w, np.float32), torch.tensor(w), tuple(w)):
-        assert WeightedDistributedSampler(form, 50, num_replicas=2, rank=0).indices().tolist() == ref
+        assert (
+            WeightedDistributedSampler(form, 50, num_replicas=2, rank=0).indices().tolist() == ref
+        )
     b = BatchSampler(WeightedDistributedSampler(w, 50, num_replicas=2, rank=0), 4)
     assert [i for batch in b for i in batch] == ref and len(b) == 7
 
