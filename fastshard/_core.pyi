@@ -7,6 +7,10 @@ import numpy.typing as npt
 
 FEISTEL_ROUNDS: int
 FEISTEL_TABLE_MAX: int
+BLOCK_DOMAIN: int
+
+# (chunks, size, rem, offset, taken): the block order's interrupted round.
+Round = tuple[int, int, int, int, int]
 
 class ShardIterator(Iterator[int]):
     @property
@@ -27,6 +31,11 @@ class Shard:
         order: str,
         seed: int,
         epoch: int,
+        *,
+        block_size: int = 0,
+        window: int = 1,
+        shuffle: bool = True,
+        round: Round | None = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property
@@ -41,6 +50,11 @@ class Shard:
     def rank(self) -> int: ...
     @property
     def cursor(self) -> int: ...
+    def resume_after(self, k: int) -> tuple[int, Round | None]: ...
+    @property
+    def round(self) -> Round | None: ...
+    @property
+    def head_length(self) -> int: ...
     def position(self, k: int) -> int: ...
     def __getitem__(self, k: int) -> int: ...
     def indices(self, start: int, stop: int, threads: int = 0) -> npt.NDArray[np.int64]: ...

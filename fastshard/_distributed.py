@@ -100,7 +100,7 @@ def _fields(sampler: _ShardSampler) -> dict[str, Any]:
         "sampler": type(sampler).__name__,
         **sampler._config(),
         "epoch": sampler.epoch,
-        "cursor": sampler._cursor,
+        **sampler._resume_point(),
         "num_replicas": sampler.num_replicas,
     }
 

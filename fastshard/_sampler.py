@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ from torch.utils.data import Sampler
 
 from . import _core, _distributed, _state, _validate, _world
 
-ORDERS = ("feistel", "torch")
+ORDERS = ("feistel", "torch", "block")
 
 # torch.Generator.manual_seed accepts [-2**63, 2**64); order="torch" seeds with seed + epoch.
 _TORCH_SEED_MIN, _TORCH_SEED_MAX = -(2**63), 2**64 - 1
@@ -23,7 +24,10 @@ class _ShardSampler(Sampler[int]):
 
     num_replicas: int
     rank: int
+    shuffle: bool
     check_consistency: bool
+    auto_epoch: bool = False
+    _epoch_warned: bool = False
 
     def _make_shard(self, cursor: int) -> _core.Shard:
         raise NotImplementedError
@@ -40,13 +44,43 @@ class _ShardSampler(Sampler[int]):
         n, drop_last, pad = self._plan_args()
         return _core.plan_lengths(n, self.num_replicas, self.rank, drop_last, pad, self._cursor)
 
-    def _start_pass(self, epoch: int = 0, cursor: int = 0) -> None:
+    def _start_pass(self, epoch: int = 0, cursor: int = 0, rnd: _state.Round | None = None) -> None:
         self.epoch = epoch
         # Positions of the epoch's global sequence consumed before this pass began (non-zero
-        # only after load_state_dict), the pass's shard (built lazily), its latest iterator.
+        # only after load_state_dict; for the block order also its interrupted round), the
+        # pass's shard (built lazily), its latest iterator, and whether a BatchSampler
+        # iterated this pass to its end.
         self._cursor = cursor
+        self._round = rnd
         self._shard: _core.Shard | None = None
         self._iterator: Any = None
+        self._pass_done = False
+
+    def _begin_iteration(self) -> None:
+        """At the start of every iteration (of this sampler, or of a BatchSampler over it):
+        after a pass that ran to its end, with no set_epoch or load_state_dict since, advance
+        the epoch (auto_epoch) or warn once that the same order comes again."""
+        it = self._iterator
+        if self.auto_epoch and it is None and (self._cursor or self._round) and self._lengths()[1] == 0:
+            # A state saved at the end of a pass: its rest is empty on every rank, so the
+            # next epoch begins now rather than after an empty pass.
+            self._start_pass(self.epoch + 1)
+            return
+        if not (self._pass_done or (it is not None and it.__length_hint__() == 0)):
+            return
+        if self.auto_epoch:
+            self._start_pass(self.epoch + 1)
+        elif self.shuffle and not self._epoch_warned:
+            self._epoch_warned = True
+            warnings.warn(
+                f"fastshard.{type(self).__name__}: a new iteration started at epoch {self.epoch}, "
+                "which the previous iteration already yielded to its end, so it repeats the same "
+                "order. Call sampler.set_epoch(epoch) before each epoch (as with torch's "
+                "DistributedSampler), or build the sampler with auto_epoch=True to advance the "
+                "epoch on each new iteration. (Warned once per sampler.)",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # The shard and iterator are caches of compiled objects: rebuilt after unpickling.
@@ -78,6 +112,14 @@ class _ShardSampler(Sampler[int]):
         # (capped at the pass's end): the same cursor on every rank.
         return self._cursor + min(consumed * self.num_replicas, total)
 
+    def _resume_after(self, consumed: int) -> tuple[int, _state.Round | None]:
+        """(cursor, round) once every rank consumed ``consumed`` items of this pass."""
+        return self._cursor_after(consumed), None
+
+    def _resume_point(self) -> dict[str, Any]:
+        """Where this pass starts, for the rank-consistency check."""
+        return {"cursor": self._cursor}
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """A JSON-serialisable checkpoint of the sampler (no rank in it).
 
@@ -95,7 +137,8 @@ class _ShardSampler(Sampler[int]):
             consumed = 0 if self._iterator is None else self._iterator.position
         else:
             consumed = _validate.integer(consumed, "consumed")
-        return _state.make(self._config(), self.epoch, self._cursor_after(consumed))
+        cursor, rnd = self._resume_after(consumed)
+        return _state.make(self._config(), self.epoch, cursor, rnd)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state saved by any rank, on any number of ranks.
@@ -105,8 +148,8 @@ class _ShardSampler(Sampler[int]):
         would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
         is refused (ValueError/TypeError) and the sampler is left unchanged.
         """
-        epoch, cursor = _state.check(state, self._config())
-        self._start_pass(epoch, cursor)
+        epoch, cursor, rnd = _state.check(state, self._config())
+        self._start_pass(epoch, cursor, rnd)
 
     # -- torch's attributes -----------------------------------------------------------------
     @property
@@ -124,6 +167,7 @@ class _ShardSampler(Sampler[int]):
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        self._begin_iteration()
         _distributed.check(self)
         it: Iterator[int] = self._current().iter(0)
         self._iterator = it
@@ -175,7 +219,7 @@ class DistributedSampler(_ShardSampler):
         ``[-2**63, 2**64)`` as for :meth:`torch.Generator.manual_seed`.
     drop_last : bool
         Truncate to a multiple of ``num_replicas`` instead of padding.
-    order : {"feistel", "torch"}
+    order : {"feistel", "torch", "block"}
         ``"feistel"``: a keyed bijection of ``[0, n)``, a fresh one for every (n, seed, epoch).
         ``"torch"``: exactly the indices of torch's sampler for the same arguments, seed and
         epoch. It costs what torch's order costs by nature: torch's shuffle is sequential, so
@@ -183,6 +227,17 @@ class DistributedSampler(_ShardSampler):
         time and 4 bytes per item of transient memory (8 above ``2**32`` items); then only
         this rank's ``num_samples`` items are kept. The default order costs O(1) time and
         memory per index and nothing up front.
+        ``"block"``: for fast local reads; items in blocks of ``block_size`` consecutive
+        indices, the blocks in a fresh random order every epoch, dealt to ranks in windows of
+        ``window`` blocks whose items are shuffled together. Any ``block_size * window``
+        consecutive indices of a rank come from at most ``2 * window + 2`` blocks. The plan
+        (lengths, padding, drop_last, pad=False, resume) is as for ``"feistel"``; padding
+        repeats fewer than ``num_replicas`` items. With ``shuffle=False``: blocks in order,
+        windows unshuffled (each rank reads contiguous runs).
+    block_size : int
+        Items per block, required with ``order="block"`` and refused with other orders.
+    window : int
+        Blocks per window (default 1), with ``order="block"`` only.
     pad : bool
         ``False`` (with ``drop_last=False``): no repeats; every item exactly once, shard
         lengths differ by at most one. For evaluation.
@@ -192,6 +247,12 @@ class DistributedSampler(_ShardSampler):
         drop_last, pad and num_replicas, and raises :class:`fastshard.InconsistentRanksError`
         on every rank if not. It is a collective: every rank must iterate as often. ``False``
         turns it off; it must be the same on every rank.
+    auto_epoch : bool
+        ``True``: each new iteration that follows one which ran to its end advances the
+        epoch by one, so a loop that never calls ``set_epoch`` still gets a fresh order every
+        epoch. ``set_epoch`` and ``load_state_dict`` still set the epoch (and then the next
+        iteration does not advance it). Default ``False``, as torch: the same epoch repeats
+        until ``set_epoch``, and a shuffled sampler warns once when that happens.
     """
 
     def __init__(
@@ -206,6 +267,9 @@ class DistributedSampler(_ShardSampler):
         order: str = "feistel",
         pad: bool = True,
         check_consistency: bool = True,
+        block_size: int | None = None,
+        window: int | None = None,
+        auto_epoch: bool = False,
     ) -> None:
         self.dataset = dataset
         self._n = _validate.length(dataset)
@@ -217,9 +281,11 @@ class DistributedSampler(_ShardSampler):
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.pad = _validate.flag(pad, "pad")
         self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
+        self.block_size, self.window = _block_arguments(order, block_size, window)
         self._start_pass()
 
     # -- the epoch's shard ------------------------------------------------------------------
@@ -245,8 +311,33 @@ class DistributedSampler(_ShardSampler):
     def _plan_args(self) -> tuple[int, bool, bool]:
         return self._n, self.drop_last, self.pad
 
+    def _lengths(self) -> tuple[int, int]:
+        if self.order != "block":
+            return super()._lengths()
+        # After an interrupted round the rest is not n - cursor: ask the shard (cheap to
+        # build for this order: O(1) but for a table of at most 1024 words).
+        shard = self._current()
+        return len(shard), shard.total_size
+
     def _make_shard(self, cursor: int) -> _core.Shard:
         self._check_torch_seed(self.epoch)
+        if self.order == "block":
+            assert self.block_size is not None and self.window is not None
+            return _core.Shard(
+                self._n,
+                self.num_replicas,
+                self.rank,
+                self.drop_last,
+                self.pad,
+                cursor,
+                "block",
+                self.seed % 2**64,
+                self.epoch % 2**64,
+                block_size=self.block_size,
+                window=self.window,
+                shuffle=self.shuffle,
+                round=self._round,
+            )
         return _core.Shard(
             self._n,
             self.num_replicas,
@@ -260,7 +351,7 @@ class DistributedSampler(_ShardSampler):
         )
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config = {
             "n": self._n,
             "seed": self.seed % 2**64,
             "order": self.order,
@@ -268,14 +359,48 @@ class DistributedSampler(_ShardSampler):
             "drop_last": self.drop_last,
             "pad": self.pad,
         }
+        if self.order == "block":
+            config.update(block_size=self.block_size, window=self.window)
+        return config
+
+    def _resume_after(self, consumed: int) -> tuple[int, _state.Round | None]:
+        if self.order != "block":
+            return super()._resume_after(consumed)
+        shard = self._current()
+        if not 0 <= consumed <= len(shard):
+            raise ValueError(f"consumed must be in [0, {len(shard)}] (this pass's length), got {consumed}")
+        cursor, rnd = shard.resume_after(consumed)
+        return cursor, rnd
+
+    def _resume_point(self) -> dict[str, Any]:
+        point = super()._resume_point()
+        if self.order == "block":
+            point["round"] = _state.round_code(self._round)
+        return point
 
     def __repr__(self) -> str:
+        block = f", block_size={self.block_size}, window={self.window}" if self.order == "block" else ""
         return (
             f"{type(self).__name__}(n={self._n}, num_replicas={self.num_replicas}, "
             f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, "
-            f"drop_last={self.drop_last}, order={self.order!r}, pad={self.pad}, "
+            f"drop_last={self.drop_last}, order={self.order!r}{block}, pad={self.pad}, "
             f"num_samples={self.num_samples})"
         )
+
+
+def _block_arguments(order: str, block_size: Any, window: Any) -> tuple[int | None, int | None]:
+    """(block_size, window) for the block order, (None, None) for others, or an error naming
+    the argument."""
+    if order != "block":
+        for value, name in ((block_size, "block_size"), (window, "window")):
+            if value is not None:
+                raise ValueError(f"{name} only applies to order='block', got order={order!r}")
+        return None, None
+    if block_size is None:
+        raise ValueError("order='block' needs block_size (items per block), e.g. block_size=64")
+    b = _validate.in_range(block_size, "block_size", 1, _validate.MAX_LENGTH)
+    k = 1 if window is None else _validate.in_range(window, "window", 1, _validate.MAX_LENGTH // b)
+    return b, k
 
 
 class BatchSampler(Sampler[list[int]]):
@@ -318,8 +443,10 @@ class BatchSampler(Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        _distributed.check(self.sampler)
-        shard = self.sampler._current()
+        sampler = self.sampler
+        sampler._begin_iteration()
+        _distributed.check(sampler)
+        shard = sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)
         self._yielded = 0
@@ -327,6 +454,8 @@ class BatchSampler(Sampler[list[int]]):
             batch = shard.batch(start, min(start + size, end))
             self._yielded += 1
             yield batch
+        if sampler._shard is shard:  # no set_epoch / load_state_dict meanwhile
+            sampler._pass_done = True
 
     def __repr__(self) -> str:
         return f"BatchSampler({self.sampler!r}, batch_size={self.batch_size}, drop_last={self.drop_last})"

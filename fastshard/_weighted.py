@@ -67,6 +67,9 @@ class WeightedDistributedSampler(_ShardSampler):
     check_consistency : bool
         With a process group, check once per epoch that all ranks agree on the
         configuration, including a 64-bit checksum of the weights.
+    auto_epoch : bool
+        As for :class:`DistributedSampler`: advance the epoch on each new iteration after
+        one that ran to its end (default ``False``: warn once instead).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class WeightedDistributedSampler(_ShardSampler):
         drop_last: bool = False,
         *,
         check_consistency: bool = True,
+        auto_epoch: bool = False,
     ) -> None:
         w = _as_float64(weights)
         first_invalid, total, positive, checksum = _core.summarize_weights(w)
@@ -104,6 +108,7 @@ class WeightedDistributedSampler(_ShardSampler):
         self.seed = _validate.integer(seed, "seed")
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
         self.weights_checksum = int(checksum)
         self.shuffle = True
         if self.replacement:

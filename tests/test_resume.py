@@ -18,8 +18,15 @@ from fastshard import BatchSampler, DistributedSampler
 ORDERS = list(fastshard._sampler.ORDERS)
 
 
+# The block order runs the same resume tests with small blocks and windows, so that rounds,
+# short blocks and re-deals all occur at these sizes (tests/test_block.py covers it further).
+BLOCK = dict(block_size=3, window=2)
+
+
 def make(n, W, r, **kw):
     epoch = kw.pop("epoch", 3)
+    if kw.get("order") == "block":
+        kw = {**BLOCK, **kw}
     s = DistributedSampler(n, W, r, seed=kw.pop("seed", 17), **kw)
     s.set_epoch(epoch)
     return s
@@ -142,7 +149,7 @@ def test_bad_states_are_refused_and_change_nothing(change, exc, match):
     it = iter(s)
     for _ in range(4):
         next(it)
-    before = (s.state_dict(), s.epoch, list(s), len(s))
+    before = (s.state_dict(), s.epoch, s.indices().tolist(), len(s))
     it = iter(s)
     for _ in range(4):
         next(it)
@@ -188,7 +195,7 @@ def test_property_elastic_resume(n, W, W2, frac, pad, seed):
 def test_batch_sampler_resumes_at_batch_granularity(drop_last, W2):
     W, bs = 3, 4
     old = [BatchSampler(make(103, W, r), bs, drop_last) for r in range(W)]
-    full = [list(b) for b in old]
+    full = [list(BatchSampler(make(103, W, r), bs, drop_last)) for r in range(W)]
     taken = []
     for b in old:
         it = iter(b)

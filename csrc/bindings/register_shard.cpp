@@ -1,8 +1,12 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 
+#include "fastshard/block.hpp"
 #include "fastshard/feistel.hpp"
 #include "fastshard/mix.hpp"
 #include "fastshard/parallel.hpp"
@@ -18,17 +22,71 @@ fastshard::Order parse_order(const std::string& name) {
     if (name == "feistel") return fastshard::Order::feistel;
     if (name == "identity") return fastshard::Order::identity;
     if (name == "torch") return fastshard::Order::torch;
-    throw py::value_error("order must be 'feistel', 'identity' or 'torch', got '" + name + "'");
+    throw py::value_error("order must be 'feistel', 'identity', 'torch' or 'block', got '" + name + "'");
+}
+
+// (chunks, size, rem, offset, taken) of a block order's interrupted round.
+using RoundTuple = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t>;
+
+std::optional<RoundTuple> round_tuple(const fastshard::BlockRound& d) {
+    if (d.chunks == 0) return std::nullopt;
+    return RoundTuple{d.chunks, d.size, d.rem, d.offset, d.taken};
+}
+
+PyShard make_block(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
+                   bool pad, std::uint64_t cursor, std::uint64_t seed, std::uint64_t epoch,
+                   std::uint64_t block_size, std::uint64_t window, bool shuffle,
+                   const std::optional<RoundTuple>& round) {
+    checked_plan(n, num_replicas, rank, drop_last, pad, cursor);  // the shared argument checks
+    if (block_size == 0 || block_size > kMaxLength) throw py::value_error("block_size must be in [1, 2**63 - 1]");
+    if (window == 0 || window > kMaxLength / block_size)
+        throw py::value_error("window must be in [1, (2**63 - 1) // block_size]");
+    fastshard::BlockResume resume;
+    resume.cursor = cursor;
+    if (round) {
+        const auto& [chunks, size, rem, offset, taken] = *round;
+        if (chunks == 0) throw py::value_error("round chunks must be >= 1");
+        resume.round = fastshard::BlockRound{chunks, size, rem, offset, taken};
+    }
+    try {
+        return PyShard{std::make_shared<fastshard::BlockShard>(
+            n, num_replicas, rank, drop_last, pad, fastshard::BlockSpec{block_size, window, shuffle}, resume,
+            seed, epoch)};
+    } catch (const std::invalid_argument& e) {
+        throw py::value_error(e.what());
+    }
 }
 
 PyShard make(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
              bool pad, std::uint64_t cursor, const std::string& order, std::uint64_t seed,
-             std::uint64_t epoch) {
+             std::uint64_t epoch, std::uint64_t block_size, std::uint64_t window, bool shuffle,
+             const std::optional<RoundTuple>& round) {
+    if (order == "block")
+        return make_block(n, num_replicas, rank, drop_last, pad, cursor, seed, epoch, block_size, window,
+                          shuffle, round);
+    if (round) throw py::value_error("round is only for order='block'");
     const auto plan = checked_plan(n, num_replicas, rank, drop_last, pad, cursor);
     const auto kind = parse_order(order);
     // Safe without the GIL: only C++ values are involved. The torch order spends O(n) here.
     py::gil_scoped_release release;
     return PyShard{fastshard::make_shard(plan, kind, seed, epoch)};
+}
+
+const fastshard::BlockShard* as_block(const PyShard& s) {
+    return dynamic_cast<const fastshard::BlockShard*>(s.shard.get());
+}
+
+// The resume point after every rank consumed its first k items: (cursor, round or None).
+std::tuple<std::uint64_t, std::optional<RoundTuple>> resume_after(const PyShard& s, std::uint64_t k) {
+    if (k > s.size()) throw py::index_error("k is out of range");
+    if (const auto* block = as_block(s)) {
+        const auto r = block->resume_after(k);
+        return {r.cursor, round_tuple(r.round)};
+    }
+    // The permutation plan: at step k every rank took all positions before cursor + k * W.
+    const auto& p = s.shard->plan();
+    const std::uint64_t step = k > p.total_size / p.num_replicas ? p.total_size : k * p.num_replicas;
+    return {p.cursor + std::min(step, p.total_size), std::nullopt};
 }
 
 }  // namespace
@@ -37,7 +95,11 @@ void register_shard(py::module_& m) {
     py::class_<PyShard>(m, "Shard", "One rank's items of one epoch (immutable).")
         .def(py::init(&make), py::arg("n"), py::arg("num_replicas"), py::arg("rank"),
              py::arg("drop_last"), py::arg("pad"), py::arg("cursor"), py::arg("order"),
-             py::arg("seed"), py::arg("epoch"))
+             py::arg("seed"), py::arg("epoch"), py::kw_only(), py::arg("block_size") = 0,
+             py::arg("window") = 1, py::arg("shuffle") = true, py::arg("round") = std::nullopt,
+             "order='block' reads block_size, window, shuffle (False: blocks in order, chunks "
+             "unshuffled) and round (the interrupted round of a resume point); other orders "
+             "take 'identity' for no shuffle.")
         .def("__len__", &PyShard::size)
         .def_property_readonly("num_samples", &PyShard::size)
         .def_property_readonly("total_size", [](const PyShard& s) { return s.shard->plan().total_size; })
@@ -45,7 +107,18 @@ void register_shard(py::module_& m) {
         .def_property_readonly("num_replicas", [](const PyShard& s) { return s.shard->plan().num_replicas; })
         .def_property_readonly("rank", [](const PyShard& s) { return s.shard->plan().rank; })
         .def_property_readonly("cursor", [](const PyShard& s) { return s.shard->plan().cursor; })
+        .def("resume_after", &resume_after, py::arg("k"),
+             "(cursor, round or None): the resume point once every rank consumed its first k items.")
+        .def_property_readonly("round", [](const PyShard& s) -> std::optional<RoundTuple> {
+                 const auto* block = as_block(s);
+                 return block ? round_tuple(block->resume().round) : std::nullopt;
+             }, "The block order's interrupted round this shard resumes (normalized), else None.")
+        .def_property_readonly("head_length", [](const PyShard& s) -> std::uint64_t {
+                 const auto* block = as_block(s);
+                 return block ? block->head_length() : 0;
+             }, "Block order: this rank's items before the chunks (the rest of an interrupted round).")
         .def("position", [](const PyShard& s, std::uint64_t k) {
+                 if (as_block(s)) throw py::type_error("position() is not defined for the block order");
                  if (k >= s.size()) throw py::index_error("k is out of range");
                  return s.shard->plan().position(k);
              }, py::arg("k"), "Position in the epoch's global sequence of this rank's k-th item.")
@@ -105,5 +178,6 @@ void register_shard(py::module_& m) {
     m.def("get_num_threads", &fastshard::default_threads);
     m.def("set_num_threads", [](unsigned t) { fastshard::set_default_threads(t); }, py::arg("threads"));
     m.attr("FEISTEL_ROUNDS") = fastshard::Feistel::kRounds;
+    m.attr("BLOCK_DOMAIN") = fastshard::kBlockDomain;
     m.attr("FEISTEL_TABLE_MAX") = fastshard::Feistel::kTableMax;
 }

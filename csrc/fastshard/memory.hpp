@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <new>
 #include <type_traits>
@@ -30,6 +31,7 @@ template <class T>
 HugeArray<T> make_huge_array(std::size_t count) {
     static_assert(std::is_trivially_default_constructible<T>::value, "T must be trivial");
     constexpr std::size_t kHuge = std::size_t{2} << 20;
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_alloc();
     std::size_t bytes = count * sizeof(T);
     if (bytes == 0) bytes = sizeof(T);
     void* p = nullptr;

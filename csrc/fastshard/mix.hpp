@@ -4,6 +4,10 @@
 
 #include <cstdint>
 
+#if defined(_MSC_VER) && !defined(__SIZEOF_INT128__) && (defined(_M_X64) || defined(_M_ARM64))
+#include <intrin.h>  // __umulh
+#endif
+
 namespace fastshard {
 
 // SplitMix64 finalizer (Stafford's Mix13): a bijection of 64-bit words with full avalanche.
@@ -32,6 +36,8 @@ inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) noexcept {
 #if defined(__SIZEOF_INT128__)
     __extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
     return static_cast<std::uint64_t>((static_cast<u128>(a) * b) >> 64);
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_ARM64))
+    return __umulh(a, b);  // MSVC has no 128-bit integer type, but has the instruction
 #else
     const std::uint64_t a_lo = a & 0xffffffffULL, a_hi = a >> 32;
     const std::uint64_t b_lo = b & 0xffffffffULL, b_hi = b >> 32;

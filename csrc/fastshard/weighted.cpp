@@ -11,8 +11,17 @@
 #include "fastshard/parallel.hpp"
 #include "fastshard/shard.hpp"
 
+#if defined(_MSC_VER) && !defined(__clang__) && (defined(_M_X64) || defined(_M_ARM64))
+#include <intrin.h>  // _BitScanForward64
+#endif
+#if defined(_MSC_VER) && !defined(__clang__) && (defined(_M_X64) || defined(_M_IX86))
+#include <xmmintrin.h>  // _mm_prefetch
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define FASTSHARD_PREFETCH(p) __builtin_prefetch(p)
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#define FASTSHARD_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0)
 #else
 #define FASTSHARD_PREFETCH(p) ((void)0)
 #endif
@@ -89,6 +98,10 @@ namespace {
 int count_trailing_zeros(std::uint64_t v) noexcept {  // v != 0
 #if defined(__GNUC__) || defined(__clang__)
     return __builtin_ctzll(v);
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_ARM64))
+    unsigned long index;
+    _BitScanForward64(&index, v);
+    return static_cast<int>(index);
 #else
     int c = 0;
     while ((v & 1) == 0) {
