@@ -328,23 +328,16 @@ class DistributedSampler(_ShardSampler):
 
     def _make_shard(self, cursor: int) -> _core.Shard:
         self._check_torch_seed(self.epoch)
+        extra: dict[str, Any] = {}
         if self.order == "block":
-            assert self.block_size is not None and self.window is not None
-            return _core.Shard(
-                self._n,
-                self.num_replicas,
-                self.rank,
-                self.drop_last,
-                self.pad,
-                cursor,
-                "block",
-                self.seed % 2**64,
-                self.epoch % 2**64,
+            # the block order keeps shuffle=False itself: blocks in order, windows unshuffled
+            extra = dict(
                 block_size=self.block_size,
                 window=self.window,
                 shuffle=self.shuffle,
                 round=self._round,
             )
+        order = self.order if self.shuffle or extra else "identity"
         return _core.Shard(
             self._n,
             self.num_replicas,
@@ -352,9 +345,10 @@ class DistributedSampler(_ShardSampler):
             self.drop_last,
             self.pad,
             cursor,
-            self.order if self.shuffle else "identity",
+            order,
             self.seed % 2**64,
             self.epoch % 2**64,
+            **extra,
         )
 
     def _config(self) -> dict[str, Any]:
