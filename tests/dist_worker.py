@@ -307,7 +307,8 @@ def main() -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=RANK,
         world_size=WORLD,
-        timeout=timedelta(seconds=30),
+        # generous: a spawned DataLoader worker imports torch afresh, and CI machines are shared
+        timeout=timedelta(seconds=120),
     )
     results: dict[str, Any] = {}
     for i, (name, scenario) in enumerate(SCENARIOS.items(), start=1):

@@ -27,7 +27,7 @@ from fastshard import DistributedSampler, InconsistentRanksError
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "dist_worker.py"
 EXAMPLE = HERE.parent / "examples" / "train_ddp.py"
-LAUNCH_TIMEOUT = 180  # seconds for one world's whole run; a hang fails the launch
+LAUNCH_TIMEOUT = 420  # seconds for one world's whole run; a hang fails the launch
 
 
 def free_port() -> int:
@@ -66,22 +66,34 @@ def launch(world: int, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         )
         for r in range(world)
     ]
-    outputs = []
+    finished: list[tuple[int | None, str, str]] = []
     try:
-        for r, p in enumerate(procs):
+        for p in procs:
             try:
                 out, err = p.communicate(timeout=LAUNCH_TIMEOUT)
+                finished.append((p.returncode, out, err))
             except subprocess.TimeoutExpired:
-                pytest.fail(
-                    f"world {world}: rank {r} did not finish in {LAUNCH_TIMEOUT} s (a hang?)"
-                )
-            assert p.returncode == 0, (
-                f"world {world}: rank {r} exited {p.returncode}:\n{err[-4000:]}"
-            )
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
+                finished.append((None, "", ""))
     finally:
         for p in procs:
             kill_group(p)
+        for p in procs:  # reap the killed ones and close their pipes
+            if p.returncode is None:
+                p.communicate()
+    bad = [(r, code, err) for r, (code, _, err) in enumerate(finished) if code != 0]
+    if bad:
+        report = "\n".join(
+            f"rank {r}: "
+            + (
+                f"did not finish in {LAUNCH_TIMEOUT} s (a hang?)"
+                if code is None
+                else f"exited {code}"
+            )
+            + f"\n{err[-3000:]}"
+            for r, code, err in bad
+        )
+        pytest.fail(f"world {world}:\n{report}")
+    outputs = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in finished]
     return [o["results"] for o in outputs]
 
 
