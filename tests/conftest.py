@@ -29,3 +29,16 @@ def run_python(code: str, timeout: float = 120) -> str:
     )
     assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{proc.stderr}"
     return proc.stdout
+
+
+def child_peak_growth_kib(code: str) -> int:
+    """Run `code` in a fresh interpreter after `import fastshard`; return how much its peak
+    memory (VmHWM, read inside the child) grew while `code` ran, in KiB."""
+    out = run_python(
+        "import fastshard\n"
+        "def hwm():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM'): return int(line.split()[1])\n"
+        "base = hwm()\n" + code + "\nprint(hwm() - base)\n"
+    )
+    return int(out)

@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchSampler
 import fastshard
 from fastshard import BatchSampler, DistributedSampler
 
-from .conftest import run_python
+from .conftest import child_peak_growth_kib, run_python
 
 
 def perm(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
@@ -164,17 +164,11 @@ def test_huge_n(n):
 
 def test_huge_n_allocates_nothing_proportional_to_n():
     # Peak memory of a child that takes 1000 indices at n = 2**63 - 1 stays near its baseline.
-    out = run_python(
-        "import fastshard\n"
-        "def hwm():\n"
-        "    for line in open('/proc/self/status'):\n"
-        "        if line.startswith('VmHWM'): return int(line.split()[1])\n"
-        "base = hwm()\n"
+    growth = child_peak_growth_kib(
         "s = fastshard.DistributedSampler(2**63 - 1, 8, 0)\n"
-        "a = s.indices(0, 1000); b = list(iter(s).__next__() for _ in range(10))\n"
-        "print(hwm() - base)\n"
+        "a = s.indices(0, 1000); b = list(iter(s).__next__() for _ in range(10))"
     )
-    assert int(out) < 16 * 1024  # KiB
+    assert growth < 16 * 1024  # KiB
 
 
 def test_two_processes_agree():
