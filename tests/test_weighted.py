@@ -69,6 +69,98 @@ def test_alias_table_probabilities_are_exact_to_2_to_the_32():
     assert got[w == 0].sum() == 0
 
 
+def table_probabilities(table, n):
+    """Each item's probability as the table represents it, and a_i, the buckets aliasing to i."""
+    threshold, alias = table._buckets()
+    alias = alias.astype(np.int64)
+    keep = np.where(threshold == 2**32 - 1, 2.0**32, threshold.astype(np.float64)) / 2.0**32
+    assert np.all(alias < n)
+    mass = keep + np.bincount(alias, weights=1.0 - keep, minlength=n)
+    others = alias != np.arange(n)
+    return mass / n, np.bincount(alias[others], minlength=n)
+
+
+def sweep_weights(kind, n, seed=0):
+    """Weights that stress the segmented sweep: heavies far from their lights, items exactly
+    at the mean, heavies worth many segments, zeros."""
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        return rng.random(n)
+    if kind == "pareto":  # a few heavies hold the mass of many segments
+        return rng.pareto(0.7, n)
+    if kind == "ascending":  # every light before every heavy
+        return np.sort(rng.random(n))
+    if kind == "descending":
+        return np.sort(rng.random(n))[::-1].copy()
+    if kind == "half_zero":
+        w = rng.random(n)
+        w[rng.random(n) < 0.5] = 0.0
+        return w
+    if kind == "at_the_mean":  # q == 1 exactly for most items
+        w = np.ones(n)
+        w[rng.integers(0, n, n // 10)] = rng.choice([0.0, 2.0], n // 10)
+        return w
+    if kind == "one_item":
+        w = np.zeros(n)
+        w[n // 3] = 5.0
+        return w
+    if kind == "equal":
+        return np.full(n, 3.0)
+    raise ValueError(kind)
+
+
+SWEEP_KINDS = [
+    "uniform",
+    "pareto",
+    "ascending",
+    "descending",
+    "half_zero",
+    "at_the_mean",
+    "one_item",
+    "equal",
+]
+
+
+@pytest.mark.parametrize("kind", SWEEP_KINDS)
+@pytest.mark.parametrize("n, segment", [(100_003, 4096), (70_000, 8192), (50_000, 2**22)])
+def test_segmented_sweep_is_exact_to_the_documented_bound(kind, n, segment):
+    # n = 100,003 in segments of 4096 is 25 segments swept in parallel from prefix-sum
+    # states; 2**22 is one segment, the sequential sweep.
+    w = sweep_weights(kind, n)
+    t = fastshard._core.AliasTable(w, float(w.sum()), _segment=segment)
+    got, aliased = table_probabilities(t, n)
+    want = w / w.sum()
+    # The README's bound: each bucket's split is a multiple of 2^-32 of its mass 1/n, so
+    # |p_i - w_i / sum| <= (1 + a_i) 2^-32 / n. Double rounding adds about 1e-16 per step of
+    # the sweep and at most ~1e-12 of a bucket at a segment boundary; 1e-11 / n covers both.
+    bound = (1 + aliased) * 2.0**-32 / n + 1e-11 / n
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
+    assert np.all(got[w == 0] == 0)
+    assert abs(got.sum() - 1.0) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["uniform", "pareto", "ascending", "half_zero"])
+def test_segmented_table_does_not_depend_on_threads(kind):
+    w = sweep_weights(kind, 200_001, seed=3)
+    tables = []
+    before = fastshard.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 7):
+            fastshard.set_num_threads(threads)
+            tables.append(fastshard._core.AliasTable(w, float(w.sum()), _segment=4096)._buckets())
+    finally:
+        fastshard.set_num_threads(before)
+    for threshold, alias in tables[1:]:
+        assert np.array_equal(threshold, tables[0][0]) and np.array_equal(alias, tables[0][1])
+
+
+def test_segment_size_must_be_a_multiple_of_the_block():
+    w = np.ones(10)
+    for bad in (0, 1000, 4097):
+        with pytest.raises(ValueError, match="multiple of 4096"):
+            fastshard._core.AliasTable(w, 10.0, _segment=bad)
+
+
 def test_same_first_draws_for_any_world_size():
     w = weights_example()
     for replacement in (True, False):

@@ -31,24 +31,32 @@ void register_weighted(py::module_& m) {
 
     py::class_<fastshard::AliasTable, std::shared_ptr<fastshard::AliasTable>>(
         m, "AliasTable", "Walker alias table of float64 weights (immutable).")
-        .def(py::init([](const Weights& w, double sum) {
+        .def(py::init([](const Weights& w, double sum, std::uint64_t segment) {
                  const double* data = weights_data(w);
                  const auto n = static_cast<std::uint64_t>(w.shape(0));
                  // Safe without the GIL: `w` is held by this call and only read.
                  py::gil_scoped_release release;
                  try {
-                     return std::make_shared<fastshard::AliasTable>(data, n, sum);
+                     return std::make_shared<fastshard::AliasTable>(data, n, sum, segment);
                  } catch (const std::invalid_argument& e) {
                      py::gil_scoped_acquire acquire;
                      throw py::value_error(e.what());
                  }
-             }), py::arg("weights"), py::arg("sum"))
+             }), py::arg("weights"), py::arg("sum"), py::kw_only(),
+             py::arg("_segment") = fastshard::AliasTable::kSweepSegment,
+             "`_segment`: items per parallel sweep segment, a multiple of 4096 (for tests).")
         .def("__len__", &fastshard::AliasTable::size)
         .def_property_readonly("nbytes", &fastshard::AliasTable::bytes)
         .def("probability", [](const fastshard::AliasTable& t, std::uint64_t i) {
                  if (i >= t.size()) throw py::index_error("item out of range");
                  return t.probability(i);
-             }, py::arg("item"), "The probability the table gives item i (O(n); for tests).");
+             }, py::arg("item"), "The probability the table gives item i (O(n); for tests).")
+        .def("_buckets", [](const fastshard::AliasTable& t) {
+                 py::array_t<std::uint64_t> threshold(static_cast<py::ssize_t>(t.size()));
+                 py::array_t<std::uint64_t> alias(static_cast<py::ssize_t>(t.size()));
+                 t.buckets(threshold.mutable_data(), alias.mutable_data());
+                 return py::make_tuple(threshold, alias);
+             }, "(threshold, alias) of every bucket, copied; threshold 2**32 - 1 keeps the item (for tests).");
 
     m.def("weighted_shard",
           [](std::shared_ptr<fastshard::AliasTable> table, std::uint64_t draws, std::uint64_t num_replicas,

@@ -1,6 +1,7 @@
 #include "fastshard/weighted.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,6 +19,14 @@
 #include <xmmintrin.h>  // _mm_prefetch
 #endif
 
+// SSE2 is part of x86-64: the light bits' pass uses it without a runtime check.
+#if !defined(FASTSHARD_NO_SSE2) && (defined(__SSE2__) || defined(_M_X64))
+#define FASTSHARD_SSE2 1
+#include <emmintrin.h>
+#else
+#define FASTSHARD_SSE2 0
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define FASTSHARD_PREFETCH(p) __builtin_prefetch(p)
 #elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
@@ -30,12 +39,14 @@ namespace fastshard {
 
 namespace {
 
-constexpr std::uint64_t kFull = 0xffffffffULL;  // threshold of a bucket that keeps its item
+constexpr std::uint64_t kFull = AliasTable::kFull;  // threshold of a bucket that keeps its item
 
 std::uint64_t to_threshold(double q) noexcept {
     // q in [0, 1): P(keep) = threshold / 2^32, rounded down; never reaches a full bucket.
-    const double t = std::floor(q * 4294967296.0);
-    return t <= 0.0 ? 0 : (t >= 4294967295.0 ? kFull - 1 : static_cast<std::uint64_t>(t));
+    // Truncation is the floor for t > 0 (and needs no SSE4.1 round instruction).
+    const double t = q * 4294967296.0;
+    if (!(t > 0.0)) return 0;
+    return t >= 4294967295.0 ? kFull - 1 : static_cast<std::uint64_t>(t);
 }
 
 }  // namespace
@@ -82,14 +93,16 @@ WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned thre
     return s;
 }
 
-AliasTable::AliasTable(const double* w, std::uint64_t n, double sum) : n_(n) {
+AliasTable::AliasTable(const double* w, std::uint64_t n, double sum, std::uint64_t segment) : n_(n) {
     if (n == 0 || !(sum > 0.0) || !std::isfinite(sum))
         throw std::invalid_argument("weights must be non-empty with a positive, finite sum");
+    if (segment == 0 || segment % kSweepBlock != 0)
+        throw std::invalid_argument("the sweep's segment must be a positive multiple of 4096 items");
     const double scale = static_cast<double>(n) / sum;
     if (n <= (std::uint64_t{1} << 32)) {
-        build(small_, w, scale);
+        build(small_, w, scale, segment);
     } else {
-        build(large_, w, scale);
+        build(large_, w, scale, segment);
     }
 }
 
@@ -112,23 +125,110 @@ int count_trailing_zeros(std::uint64_t v) noexcept {  // v != 0
 #endif
 }
 
-// One bit per item: set for the light ones (below the mean). Finding the next light or heavy
-// item is then a scan of words with count-trailing-zeros instead of one unpredictable branch
-// per item.
+// The sweep in segments. The sequential sweep is a merge of two sequences: light i (in index
+// order) starts at deficit mass D(i-1), the sum of 1 - q over the lights before it, and is
+// filled by the first heavy j whose cumulative excess E(j), the sum of q - 1 over the heavies
+// up to j, reaches that start; heavy j is emptied (its own bucket written) once the lights'
+// deficits pass E(j). So the state of the sweep at the first light of any index range follows
+// from two prefix sums: a = D(lights before it), the current heavy is the first with E(j) >= a,
+// and it still holds 1 + E(j) - a. Per-block sums of deficits and excesses, computed in
+// parallel with the light bits, give that state at the start of every segment; the segments
+// then sweep independently, each writing its own lights and the heavies from its start heavy
+// up to the next segment's. The segments depend on n and the segment size only, never on the
+// number of threads, so the table is the same on every machine; for n <= segment it is the
+// sequential sweep. Rounding in the prefix sums moves at most a boundary heavy's mass by about
+// 1e-12 of a bucket, far below the table's 2^-32 resolution.
+constexpr std::uint64_t kBlock = AliasTable::kSweepBlock;  // items per block sum
+
+// One bit per item, set for the light ones (below the mean): finding the next light or heavy
+// item is a scan of words with count-trailing-zeros instead of one unpredictable branch per
+// item. Filled together with each block's deficit and excess sums.
 class LightBits {
   public:
-    LightBits(const double* w, std::uint64_t n, double scale) : n_(n), words_((n + 63) / 64, 0) {
-        for (std::uint64_t base = 0; base < n; base += 64) {
-            const std::uint64_t m = std::min<std::uint64_t>(64, n - base);
-            std::uint64_t word = 0;
-            for (std::uint64_t b = 0; b < m; ++b) word |= std::uint64_t{w[base + b] * scale < 1.0} << b;
-            words_[base / 64] = word;
+    LightBits(const double* w, std::uint64_t n, double scale)
+        : n_(n), words_((n + 63) / 64, 0), blocks_((n + kBlock - 1) / kBlock) {
+        deficit_.assign(static_cast<std::size_t>(blocks_) + 1, 0.0);
+        excess_.assign(static_cast<std::size_t>(blocks_) + 1, 0.0);
+        parallel_for(blocks_, 0, 64, [&](unsigned, std::uint64_t b0, std::uint64_t count) {
+            for (std::uint64_t b = b0; b < b0 + count; ++b) fill_block(w, scale, b);
+        });
+        // Prefix sums: deficit_[b] is then the deficit of the lights before block b.
+        double d = 0.0, e = 0.0;
+        for (std::uint64_t b = 0; b <= blocks_; ++b) {
+            const double bd = deficit_[b], be = excess_[b];
+            deficit_[b] = d;
+            excess_[b] = e;
+            d += bd;
+            e += be;
         }
     }
     std::uint64_t next_light(std::uint64_t i) const noexcept { return next(i, 0); }
     std::uint64_t next_heavy(std::uint64_t i) const noexcept { return next(i, ~std::uint64_t{0}); }
+    const std::vector<std::uint64_t>& words() const noexcept { return words_; }
+
+    // Deficit of the lights before item `begin` (a multiple of kBlock).
+    double deficit_before(std::uint64_t begin) const noexcept {
+        return deficit_[static_cast<std::size_t>(begin / kBlock)];
+    }
+    // The first heavy whose cumulative excess reaches `a` and what it still holds there
+    // (1 + E(j) - a); {n, 0} if no heavy does (possible only by rounding at the very end).
+    std::pair<std::uint64_t, double> heavy_at(const double* w, double scale, double a) const {
+        // The last block whose preceding excess is below a holds the crossing, or a later one.
+        const auto it = std::lower_bound(excess_.begin(), excess_.end() - 1, a);
+        std::uint64_t b = static_cast<std::uint64_t>(it - excess_.begin());
+        b = b == 0 ? 0 : b - 1;
+        double e = excess_[static_cast<std::size_t>(b)];
+        for (std::uint64_t j = next_heavy(b * kBlock); j < n_; j = next_heavy(j + 1)) {
+            e += w[j] * scale - 1.0;
+            if (e >= a) return {j, 1.0 + (e - a)};
+        }
+        return {n_, 0.0};
+    }
 
   private:
+    void fill_block(const double* w, double scale, std::uint64_t b) {
+        const std::uint64_t begin = b * kBlock, end = std::min(n_, begin + kBlock);
+        // Four fixed lanes (item k of a word adds to lane k % 4) break the chain of dependent
+        // additions and keep the sums independent of threads and of the code path: the SSE2
+        // path below adds the same numbers in the same order as the portable one.
+        double d[4] = {0.0, 0.0, 0.0, 0.0}, e[4] = {0.0, 0.0, 0.0, 0.0};
+        for (std::uint64_t base = begin; base < end; base += 64) {
+            const std::uint64_t m = std::min<std::uint64_t>(64, end - base);
+            std::uint64_t word = 0;
+            std::uint64_t k = 0;
+#if FASTSHARD_SSE2
+            const __m128d s = _mm_set1_pd(scale), one = _mm_set1_pd(1.0);
+            __m128d d01 = _mm_loadu_pd(d), d23 = _mm_loadu_pd(d + 2);
+            __m128d e01 = _mm_loadu_pd(e), e23 = _mm_loadu_pd(e + 2);
+            for (; k + 4 <= m; k += 4) {
+                const __m128d q01 = _mm_mul_pd(_mm_loadu_pd(w + base + k), s);
+                const __m128d q23 = _mm_mul_pd(_mm_loadu_pd(w + base + k + 2), s);
+                const __m128d l01 = _mm_cmplt_pd(q01, one), l23 = _mm_cmplt_pd(q23, one);
+                word |= static_cast<std::uint64_t>(_mm_movemask_pd(l01) | (_mm_movemask_pd(l23) << 2)) << k;
+                d01 = _mm_add_pd(d01, _mm_and_pd(l01, _mm_sub_pd(one, q01)));
+                d23 = _mm_add_pd(d23, _mm_and_pd(l23, _mm_sub_pd(one, q23)));
+                e01 = _mm_add_pd(e01, _mm_andnot_pd(l01, _mm_sub_pd(q01, one)));
+                e23 = _mm_add_pd(e23, _mm_andnot_pd(l23, _mm_sub_pd(q23, one)));
+            }
+            _mm_storeu_pd(d, d01);
+            _mm_storeu_pd(d + 2, d23);
+            _mm_storeu_pd(e, e01);
+            _mm_storeu_pd(e + 2, e23);
+#endif
+            for (; k < m; ++k) {
+                const double q = w[base + k] * scale;
+                const bool light = q < 1.0;
+                word |= std::uint64_t{light} << k;
+                // One of the two is 0 (selected by value, not by a branch).
+                d[k % 4] += light ? 1.0 - q : 0.0;
+                e[k % 4] += light ? 0.0 : q - 1.0;
+            }
+            words_[static_cast<std::size_t>(base / 64)] = word;
+        }
+        deficit_[static_cast<std::size_t>(b)] = (d[0] + d[1]) + (d[2] + d[3]);
+        excess_[static_cast<std::size_t>(b)] = (e[0] + e[1]) + (e[2] + e[3]);
+    }
+
     // First i' >= i whose bit, xor-ed with `flip`, is set; n if none.
     std::uint64_t next(std::uint64_t i, std::uint64_t flip) const noexcept {
         if (i >= n_) return n_;
@@ -144,12 +244,110 @@ class LightBits {
 
     std::uint64_t n_;
     std::vector<std::uint64_t> words_;
+    std::uint64_t blocks_;
+    std::vector<double> deficit_;  // per block, then prefix sums
+    std::vector<double> excess_;
 };
+
+// The items of one kind (flip 0: lights, ~0: heavies) from a position on, in index order, as
+// a word of bits still to visit: advancing clears the lowest bit, so the sweep can advance
+// either cursor without a branch on which.
+class Cursor {
+  public:
+    Cursor(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip, std::uint64_t from)
+        : words_(words.data()), count_(words.size()), n_(n), flip_(flip), word_(from / 64) {
+        if (from >= n) {
+            exhaust();
+            return;
+        }
+        bits_ = load(word_) & (~std::uint64_t{0} << (from % 64));
+        settle();
+    }
+    std::uint64_t position() const noexcept { return position_; }
+    // Moves to the next item if `c`; position() is n once there is none.
+    void advance_if(bool c) noexcept {
+        bits_ &= bits_ - std::uint64_t{c};
+        settle();
+    }
+
+  private:
+    std::uint64_t load(std::uint64_t w) const noexcept {
+        std::uint64_t bits = words_[w] ^ flip_;
+        if (w + 1 == count_ && n_ % 64 != 0) bits &= (std::uint64_t{1} << (n_ % 64)) - 1;
+        return bits;
+    }
+    void settle() noexcept {
+        while (bits_ == 0) {
+            if (++word_ >= count_) {
+                exhaust();
+                return;
+            }
+            bits_ = load(word_);
+        }
+        position_ = word_ * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits_));
+    }
+    // A sentinel bit that stays at position n: advance_if is never called on it with c.
+    void exhaust() noexcept {
+        word_ = n_ / 64;
+        bits_ = std::uint64_t{1} << (n_ % 64);
+        position_ = n_;
+    }
+
+    const std::uint64_t* words_;
+    std::uint64_t count_, n_, flip_, word_;
+    std::uint64_t bits_ = 0;
+    std::uint64_t position_ = 0;
+};
+
+// A cursor with its current item's q and q - 1 loaded (q of the last item when past the end).
+class Stream {
+  public:
+    Stream(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip,
+           std::uint64_t from, std::uint64_t end, const double* w, double scale)
+        : cursor_(words, n, flip, from), end_(end), last_(n - 1), w_(w), scale_(scale) {
+        load();
+    }
+    std::uint64_t item() const noexcept { return item_; }
+    double q() const noexcept { return q_; }
+    double q_minus_1() const noexcept { return q_minus_1_; }
+    void advance_if(bool c) noexcept {
+        cursor_.advance_if(c);
+        load();
+    }
+
+  private:
+    void load() noexcept {
+        item_ = std::min(end_, cursor_.position());
+        q_ = w_[std::min(item_, last_)] * scale_;
+        q_minus_1_ = q_ - 1.0;
+    }
+    Cursor cursor_;
+    std::uint64_t end_, last_;
+    const double* w_;
+    double scale_;
+    std::uint64_t item_ = 0;
+    double q_ = 0.0, q_minus_1_ = 0.0;
+};
+
+// a if c else b, without a branch.
+inline std::uint64_t select(bool c, std::uint64_t a, std::uint64_t b) noexcept {
+    const std::uint64_t mask = std::uint64_t{0} - std::uint64_t{c};
+    return (a & mask) | (b & ~mask);
+}
+inline double select(bool c, double a, double b) noexcept {
+    std::uint64_t ua, ub;
+    std::memcpy(&ua, &a, sizeof ua);
+    std::memcpy(&ub, &b, sizeof ub);
+    const std::uint64_t r = select(c, ua, ub);
+    double out;
+    std::memcpy(&out, &r, sizeof out);
+    return out;
+}
 
 }  // namespace
 
 template <class Bucket>
-void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale) {
+void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, std::uint64_t segment) {
     const std::uint64_t n = n_;
     // Uninitialised: every bucket is written below, so no pass to zero them first.
     table = make_huge_array<Bucket>(static_cast<std::size_t>(n));
@@ -163,35 +361,134 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale) 
         table[b].threshold = static_cast<decltype(table[b].threshold)>(kFull);
         table[b].alias = static_cast<decltype(table[b].alias)>(b);
     };
-    std::uint64_t i = bits.next_light(0);
-    std::uint64_t j = bits.next_heavy(0);
-    if (j == n) {  // only by rounding: every item is (just) below the mean
-        for (std::uint64_t b = 0; b < n; ++b) set_full(b);
-        return;
-    }
-    double rest = q(j);  // what heavy item j still has to give or keep
-    for (;;) {
-        if (rest < 1.0) {
-            // j has given away its excess: its own bucket keeps `rest`, the next heavy item
-            // fills the remainder.
-            const std::uint64_t next = bits.next_heavy(j + 1);
-            if (next == n) break;
-            set(j, rest, next);
-            rest += q(next) - 1.0;
-            j = next;
-        } else if (i < n) {
-            set(i, q(i), j);
-            rest += q(i) - 1.0;
-            i = bits.next_light(i + 1);
+
+    // Where each segment starts: its first item and its heavy cursor.
+    const std::uint64_t segments = (n + segment - 1) / segment;
+    struct Start {
+        std::uint64_t heavy;
+        double rest;
+    };
+    std::vector<Start> starts(static_cast<std::size_t>(segments) + 1);
+    const std::uint64_t first_heavy = bits.next_heavy(0);
+    starts[0] = {first_heavy, first_heavy < n ? q(first_heavy) : 0.0};
+    for (std::uint64_t s = 1; s < segments; ++s) {
+        const auto [heavy, rest] = bits.heavy_at(w, scale, bits.deficit_before(s * segment));
+        // Rounding must not move a segment's start heavy before the previous one's.
+        if (heavy < starts[s - 1].heavy) {
+            starts[s] = starts[s - 1];
         } else {
-            break;
+            starts[s] = {heavy, rest};
         }
     }
-    // What is left is (up to rounding) exactly full buckets: j, items of weight exactly the
-    // mean after it, and lights left over by rounding.
-    set_full(j);
-    for (; i < n; i = bits.next_light(i + 1)) set_full(i);
-    for (std::uint64_t h = bits.next_heavy(j + 1); h < n; h = bits.next_heavy(h + 1)) set_full(h);
+    starts[segments] = {n, 0.0};
+
+    // Segment s: the lights in [s * segment, ...) and the heavies from its start heavy up to
+    // (not including) the next segment's, `stop`. Each step either empties heavy j (its
+    // bucket keeps `rest`, the next heavy fills the remainder) or fills light i from j. Which
+    // one is a coin flip for the branch predictor, so a step computes both and selects, each
+    // stream keeps its item's q loaded, and a thread sweeps two segments in one loop: a step
+    // is a chain of dependent instructions, and two independent chains overlap.
+    struct Sweep {
+        std::uint64_t end, stop, j;
+        double rest;  // what heavy j still has to give or keep
+        bool last;
+        Stream lights, heavies;
+
+        // One step; false (and nothing done) once the main loop of this segment is over.
+        bool step(Bucket* t, std::uint64_t n) noexcept {
+            const bool h = (rest < 1.0) & (j != stop);
+            const std::uint64_t nj = heavies.item(), i = lights.item();
+            // Over once the stream the step needs is exhausted (each stops at its bound).
+            if (select(h, nj, i) >= select(h, n, end)) return false;
+            Bucket& b = t[select(h, j, i)];
+            b.threshold = static_cast<decltype(b.threshold)>(to_threshold(select(h, rest, lights.q())));
+            b.alias = static_cast<decltype(b.alias)>(select(h, nj, j));
+            rest += select(h, heavies.q_minus_1(), lights.q_minus_1());
+            j = select(h, nj, j);
+            heavies.advance_if(h);
+            lights.advance_if(!h);
+            return true;
+        }
+    };
+    auto start = [&](std::uint64_t s) {
+        const std::uint64_t begin = s * segment, end = std::min(n, begin + segment);
+        const std::uint64_t j = starts[static_cast<std::size_t>(s)].heavy;
+        const std::uint64_t i = std::min(end, bits.next_light(begin));
+        return Sweep{end,
+                     starts[static_cast<std::size_t>(s) + 1].heavy,
+                     j,
+                     starts[static_cast<std::size_t>(s)].rest,
+                     s + 1 == segments,
+                     Stream(bits.words(), n, 0, i, end, w, scale),
+                     Stream(bits.words(), n, ~std::uint64_t{0}, std::min(n, j + 1), n, w, scale)};
+    };
+    // After the main loop: the buckets rounding left unwritten.
+    auto finish = [&](Sweep& sw) {
+        std::uint64_t i = sw.lights.item(), j = sw.j;
+        const std::uint64_t end = sw.end;
+        if (j == n) {  // only by rounding: no heavy left for these lights
+            for (; i < end; i = std::min(end, bits.next_light(i + 1))) set_full(i);
+            return;
+        }
+        if (!sw.last) {
+            // Heavies this segment still owns are, but for rounding, exactly emptied.
+            double rest = sw.rest;
+            for (; j < sw.stop;) {
+                const std::uint64_t next = bits.next_heavy(j + 1);
+                if (next == n) {
+                    set_full(j);
+                    break;
+                }
+                set(j, rest, next);
+                rest += q(next) - 1.0;
+                j = next;
+            }
+            for (; i < end; i = std::min(end, bits.next_light(i + 1))) set_full(i);
+            return;
+        }
+        // What is left is (up to rounding) exactly full buckets: j, items of weight exactly
+        // the mean after it, and lights left over by rounding.
+        set_full(j);
+        for (; i < end; i = std::min(end, bits.next_light(i + 1))) set_full(i);
+        for (std::uint64_t h = bits.next_heavy(j + 1); h < n; h = bits.next_heavy(h + 1)) set_full(h);
+    };
+    Bucket* const t = table.get();
+    std::atomic<std::uint64_t> next_pair{0};
+    parallel_for((segments + 1) / 2, 0, 1, [&](unsigned, std::uint64_t, std::uint64_t) {
+        for (std::uint64_t s; (s = 2 * next_pair.fetch_add(1)) < segments;) {
+            Sweep a = start(s);
+            if (s + 1 < segments) {
+                Sweep b = start(s + 1);
+                for (;;) {
+                    const bool more_a = a.j != n && a.step(t, n);
+                    const bool more_b = b.j != n && b.step(t, n);
+                    if (!more_a || !more_b) {
+                        if (more_a) while (a.step(t, n)) {}
+                        if (more_b) while (b.step(t, n)) {}
+                        break;
+                    }
+                }
+                finish(b);
+            } else if (a.j != n) {
+                while (a.step(t, n)) {}
+            }
+            finish(a);
+        }
+    });
+}
+
+void AliasTable::buckets(std::uint64_t* threshold, std::uint64_t* alias) const noexcept {
+    auto copy = [&](const auto& table) {
+        for (std::uint64_t b = 0; b < n_; ++b) {
+            threshold[b] = static_cast<std::uint64_t>(table[b].threshold);
+            alias[b] = static_cast<std::uint64_t>(table[b].alias);
+        }
+    };
+    if (small_) {
+        copy(small_);
+    } else {
+        copy(large_);
+    }
 }
 
 double AliasTable::probability(std::uint64_t item) const {

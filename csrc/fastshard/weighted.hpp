@@ -30,11 +30,17 @@ WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned thre
 
 // Walker's alias table built by a sweep (Huebschle-Schneider & Sanders): two cursors walk
 // the weights left to right, one over the light items (below the mean), one over the heavy
-// ones, so the build reads memory in order and needs no worklist, only one bit per item. Bucket i keeps item i
-// with probability threshold/2^32, else its alias. Each bucket is 8 bytes for n <= 2^32.
+// ones, so the build reads memory in order and needs no worklist, only one bit per item.
+// Segments of kSweepSegment items sweep in parallel from states given by prefix sums (see
+// weighted.cpp); the table depends on the weights and the segment size only. Bucket i keeps
+// item i with probability threshold/2^32, else its alias. Each bucket is 8 bytes for n <= 2^32.
 class AliasTable {
   public:
-    AliasTable(const double* w, std::uint64_t n, double sum);
+    static constexpr std::uint64_t kSweepBlock = 4096;  // granularity of the prefix sums
+    static constexpr std::uint64_t kSweepSegment = std::uint64_t{1} << 22;
+
+    // `segment`: a positive multiple of kSweepBlock; other values than the default are for tests.
+    AliasTable(const double* w, std::uint64_t n, double sum, std::uint64_t segment = kSweepSegment);
 
     std::uint64_t size() const noexcept { return n_; }
     std::size_t bytes() const noexcept {
@@ -42,6 +48,9 @@ class AliasTable {
     }
     // Probability of item i as the table represents it (for tests and the docs' error bound).
     double probability(std::uint64_t i) const;
+    // Every bucket's threshold (kFull = 2^32 - 1: keeps its item) and alias, n of each (for tests).
+    void buckets(std::uint64_t* threshold, std::uint64_t* alias) const noexcept;
+    static constexpr std::uint64_t kFull = 0xffffffffULL;
 
     // x[i] (a position) -> the item drawn at that position for the given key.
     void apply(std::uint64_t* x, std::size_t count, std::uint64_t key) const noexcept;
@@ -56,7 +65,7 @@ class AliasTable {
         std::uint64_t alias;
     };
     template <class Bucket>
-    void build(HugeArray<Bucket>& table, const double* w, double scale);
+    void build(HugeArray<Bucket>& table, const double* w, double scale, std::uint64_t segment);
     template <class Bucket>
     void draw(const HugeArray<Bucket>& table, std::uint64_t* x, std::size_t count,
               std::uint64_t key) const noexcept;
