@@ -281,8 +281,6 @@ class DistributedSampler(_ShardSampler):
         self.dataset = dataset
         self._n = _validate.length(dataset)
         self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
-        if self.num_replicas > _validate.MAX_LENGTH:
-            raise ValueError(f"num_replicas must be <= 2**63 - 1, got {self.num_replicas}")
         self.shuffle = _validate.flag(shuffle, "shuffle")
         self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
         self.drop_last = _validate.flag(drop_last, "drop_last")

@@ -38,8 +38,8 @@ def resolve(num_replicas: object, rank: object) -> tuple[int, int]:
         w = group[0] if group else _from_env("WORLD_SIZE", "num_replicas")
     else:
         w = _validate.integer(num_replicas, "num_replicas")
-    if w <= 0:
-        raise ValueError(f"num_replicas must be >= 1, got {w}")
+    if not 1 <= w <= _validate.MAX_LENGTH:
+        raise ValueError(f"num_replicas must be in [1, 2**63 - 1], got {w}")
     if rank is None:
         r = group[1] if group else _from_env("RANK", "rank")
     else:

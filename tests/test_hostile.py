@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from fastshard import BatchSampler, DistributedSampler
+from fastshard import BatchSampler, DistributedSampler, WeightedDistributedSampler
 
 from .conftest import run_python
 
@@ -92,13 +92,25 @@ TARGETS = {
     "BatchSampler(drop_last)": "list(B(s, 2, v))",
     "BatchSampler.set_epoch": "(b.set_epoch(v), list(b))[1]",
     "set_num_threads": "(fastshard.set_num_threads(v), fastshard.get_num_threads())[1]",
+    "WeightedDistributedSampler(weights)": "len(WS(v, 4, True, 2, 0))",
+    "WeightedDistributedSampler(num_samples)": "len(WS([1.0, 2.0, 0.5], v, True, 2, 0))",
+    "WeightedDistributedSampler(num_samples, without replacement)": (
+        "len(WS([1.0, 2.0, 0.5], v, False, 2, 0))"
+    ),
+    "WeightedDistributedSampler(replacement)": "WS([1.0, 2.0], 5, v, 2, 0).indices().tolist()",
+    "WeightedDistributedSampler(num_replicas)": "len(WS([1.0, 2.0], 5, True, v, 0))",
+    "WeightedDistributedSampler(rank)": "len(WS([1.0, 2.0], 5, True, 4, v))",
+    "WeightedDistributedSampler(seed)": "WS([1.0, 2.0, 3.0], 7, True, 2, 0, seed=v).indices().tolist()",
+    "WeightedDistributedSampler(drop_last)": (
+        "WS([1.0, 2.0], 5, True, 2, 0, drop_last=v).indices().tolist()"
+    ),
 }
 
 CHILD = r"""
 import json, sys
 import numpy as np
 import fastshard
-from fastshard import DistributedSampler as D, BatchSampler as B
+from fastshard import DistributedSampler as D, BatchSampler as B, WeightedDistributedSampler as WS
 values, targets = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = {}
 for tname, call in targets.items():
@@ -215,6 +227,57 @@ def expected(target: str, vname: str):
         return ints_in(1, 2**63 - 1, lambda k: [full[i : i + k] for i in range(0, len(full), k)])
     if target == "set_num_threads":
         return ints_in(0, 2**16, lambda t: t if t else os.cpu_count())
+    if target.startswith("WeightedDistributedSampler"):
+        return expected_weighted(target, vname, v, is_int, iv, is_flag)
+    raise AssertionError(target)
+
+
+def expected_weighted(target: str, vname: str, v, is_int: bool, iv: int, is_flag: bool):
+    """Outcomes for WeightedDistributedSampler's arguments; lengths from the plan's arithmetic
+    (ceil(draws / W) on every rank), draws from a call with the canonical value."""
+    WS = WeightedDistributedSampler
+
+    def ints_in(lo: int, hi: int, ok):
+        if not is_int:
+            return "TypeError"
+        return ("ok", ok(iv)) if lo <= iv <= hi else "ValueError"
+
+    if target == "WeightedDistributedSampler(weights)":
+        if vname in ("list", "tuple"):  # one item of weight 1
+            return "ok", 2
+        if vname in ("None", "str", "bytes", "complex", "object", "2**64", "2**100", "-2**100"):
+            return "TypeError"  # not numbers, or ints no NumPy integer holds (object dtype)
+        return "ValueError"  # a number is a 0-d array, not 1-D
+    if target == "WeightedDistributedSampler(num_samples)":
+        if vname == "None":
+            return "ok", 2  # n = 3 draws over 2 ranks
+        return ints_in(1, 2**63 - 1, lambda k: (k + 1) // 2)
+    if target == "WeightedDistributedSampler(num_samples, without replacement)":
+        if vname == "None":
+            return "ok", 2
+        return ints_in(1, 3, lambda k: (k + 1) // 2)  # at most the 3 positive weights
+    if target == "WeightedDistributedSampler(num_replicas)":
+        if vname == "None":
+            return "ValueError"  # no process group, no WORLD_SIZE
+        return ints_in(1, 2**63 - 1, lambda w: -(-5 // w))
+    if target == "WeightedDistributedSampler(rank)":
+        if vname == "None":
+            return "ValueError"
+        return ints_in(0, 3, lambda r: 2)
+    if target == "WeightedDistributedSampler(seed)":
+        if vname == "None":
+            return "ValueError"  # a random seed needs a process group to share it
+        return ints_in(
+            -(2**200),
+            2**200,
+            lambda seed: WS([1.0, 2.0, 3.0], 7, True, 2, 0, seed=seed).indices().tolist(),
+        )
+    if not is_flag:
+        return "TypeError"
+    if target == "WeightedDistributedSampler(replacement)":
+        return "ok", WS([1.0, 2.0], 5, True, 2, 0).indices().tolist()
+    if target == "WeightedDistributedSampler(drop_last)":
+        return "ok", WS([1.0, 2.0], 5, True, 2, 0, drop_last=True).indices().tolist()
     raise AssertionError(target)
 
 
