@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _validate, _world
+from . import _core, _distributed, _validate, _world
 from ._sampler import _ShardSampler
 
 
@@ -67,7 +67,8 @@ class WeightedDistributedSampler(_ShardSampler):
     replacement : bool
         Draw with replacement (default) or without.
     num_replicas, rank, seed, drop_last
-        As for :class:`DistributedSampler`.
+        As for :class:`DistributedSampler` (``seed=None``: a random seed drawn on rank 0 and
+        broadcast; needs a process group).
     check_consistency : bool
         With a process group, check once per epoch that all ranks agree on the
         configuration, including a 64-bit checksum of the weights.
@@ -83,7 +84,7 @@ class WeightedDistributedSampler(_ShardSampler):
         replacement: bool = True,
         num_replicas: int | None = None,
         rank: int | None = None,
-        seed: int = 0,
+        seed: int | None = 0,
         drop_last: bool = False,
         *,
         check_consistency: bool = True,
@@ -115,7 +116,7 @@ class WeightedDistributedSampler(_ShardSampler):
             )
             raise ValueError(f"num_samples must be in [1, {limit}] ({why}), got {self.num_draws}")
         self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
-        self.seed = _validate.integer(seed, "seed")
+        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.check_consistency = _validate.flag(check_consistency, "check_consistency")
         self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")

@@ -266,12 +266,16 @@ def guard_pickles() -> dict[str, Any]:
 def seed_none() -> dict[str, Any]:
     a = DistributedSampler(1001, seed=None)
     b = DistributedSampler(1001, seed=None)
+    c = WeightedDistributedSampler(np.arange(1.0, 50.0), num_samples=301, seed=None)
     a.set_epoch(2)
+    c.set_epoch(1)
     mine = list(a)  # passes the check: the seed is the same everywhere
+    list(c)  # so does the weighted sampler's
     want = expected_shards(1001, WORLD, False, True, permutation(1001, True, a.seed, 2))
     return {
         "seeds_a": gathered(a.seed),
         "seeds_b": gathered(b.seed),
+        "seeds_c": gathered(c.seed),
         "type": type(a.seed).__name__,
         "mine_ok": mine == want[RANK],
     }

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import fastshard
-from fastshard import DistributedSampler, InconsistentRanksError
+from fastshard import DistributedSampler, InconsistentRanksError, WeightedDistributedSampler
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "dist_worker.py"
@@ -220,6 +220,7 @@ def test_seed_none_is_drawn_once_and_shared(world):
     for r in res:
         assert r["type"] == "int" and r["mine_ok"]
         assert len(set(r["seeds_a"])) == 1 and len(set(r["seeds_b"])) == 1
+        assert len(set(r["seeds_c"])) == 1  # WeightedDistributedSampler(seed=None)
         assert 0 <= r["seeds_a"][0] < 2**63
     # Two draws of 63 bits agree with probability 2**-63.
     assert res[0]["seeds_a"][0] != res[0]["seeds_b"][0]
@@ -228,6 +229,8 @@ def test_seed_none_is_drawn_once_and_shared(world):
 def test_seed_none_without_a_process_group_is_an_error():
     with pytest.raises(ValueError, match="process group"):
         DistributedSampler(10, 2, 0, seed=None)
+    with pytest.raises(ValueError, match="process group"):
+        WeightedDistributedSampler([1.0, 2.0], 4, num_replicas=2, rank=0, seed=None)
 
 
 # -- single process ------------------------------------------------------------------------
