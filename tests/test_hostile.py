@@ -92,6 +92,11 @@ TARGETS = {
     "BatchSampler(drop_last)": "list(B(s, 2, v))",
     "BatchSampler.set_epoch": "(b.set_epoch(v), list(b))[1]",
     "set_num_threads": "(fastshard.set_num_threads(v), fastshard.get_num_threads())[1]",
+    "DistributedSampler(block_size)": "D(100, 2, 0, order='block', block_size=v).indices().tolist()",
+    "DistributedSampler(window)": (
+        "D(100, 2, 0, order='block', block_size=3, window=v).indices().tolist()"
+    ),
+    "DistributedSampler(block_size, feistel order)": "D(100, 2, 0, block_size=v).indices().tolist()",
     "WeightedDistributedSampler(weights)": "len(WS(v, 4, True, 2, 0))",
     "WeightedDistributedSampler(num_samples)": "len(WS([1.0, 2.0, 0.5], v, True, 2, 0))",
     "WeightedDistributedSampler(num_samples, without replacement)": (
@@ -227,6 +232,32 @@ def expected(target: str, vname: str):
         return ints_in(1, 2**63 - 1, lambda k: [full[i : i + k] for i in range(0, len(full), k)])
     if target == "set_num_threads":
         return ints_in(0, 2**16, lambda t: t if t else os.cpu_count())
+    if target == "DistributedSampler(block_size)":
+        if vname == "None":
+            return "ValueError"  # the block order needs a block size
+        return ints_in(
+            1,
+            2**63 - 1,
+            lambda b: DistributedSampler(100, 2, 0, order="block", block_size=b).indices().tolist(),
+        )
+    if target == "DistributedSampler(window)":
+        if vname == "None":  # the default window, one block
+            return "ok", DistributedSampler(
+                100, 2, 0, order="block", block_size=3
+            ).indices().tolist()
+        return ints_in(
+            1,
+            (2**63 - 1) // 3,  # block_size * window must fit in int64
+            lambda k: (
+                DistributedSampler(100, 2, 0, order="block", block_size=3, window=k)
+                .indices()
+                .tolist()
+            ),
+        )
+    if target == "DistributedSampler(block_size, feistel order)":
+        if vname == "None":
+            return "ok", DistributedSampler(100, 2, 0).indices().tolist()
+        return "ValueError"  # block_size only applies to order='block'
     if target.startswith("WeightedDistributedSampler"):
         return expected_weighted(target, vname, v, is_int, iv, is_flag)
     raise AssertionError(target)
