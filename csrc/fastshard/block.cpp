@@ -145,8 +145,7 @@ void BlockLayout::items(std::uint64_t* x, std::size_t count) const noexcept {
 BlockShard::Geometry BlockShard::geometry(std::uint64_t n, std::uint64_t num_replicas,
                                           std::uint64_t rank, bool drop_last, bool pad,
                                           std::uint64_t chunk, const BlockResume& resume) {
-    if (num_replicas == 0) throw std::invalid_argument("num_replicas must be >= 1");
-    if (rank >= num_replicas) throw std::invalid_argument("rank must be < num_replicas");
+    check_world(num_replicas, rank);
     if (chunk == 0) throw std::invalid_argument("block_size and window must be >= 1");
     check_block_resume(n, chunk, resume);
     Geometry g;
@@ -232,6 +231,14 @@ Plan block_plan(std::uint64_t rest, std::uint64_t n, std::uint64_t num_replicas,
     return p;
 }
 
+// Chunk i of `size` positions, the first `rem` chunks one longer, from `base` on.
+struct Piece {
+    std::uint64_t start, len;
+};
+Piece piece(std::uint64_t base, std::uint64_t size, std::uint64_t rem, std::uint64_t i) noexcept {
+    return {base + i * size + std::min(i, rem), size + (i < rem ? 1 : 0)};
+}
+
 }  // namespace
 
 BlockShard::BlockShard(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
@@ -259,11 +266,27 @@ void BlockShard::window_positions(std::uint64_t start, std::uint64_t len, std::u
     for (std::uint64_t i = 0; i < count; ++i) x[i] += start;
 }
 
+void BlockShard::chunk_positions(std::uint64_t start, std::uint64_t len, std::uint64_t u0,
+                                 std::uint64_t count, std::uint64_t wrap, std::uint64_t* x) const {
+    const std::uint64_t real = u0 < len ? std::min(count, len - u0) : 0;
+    if (real != 0) window_positions(start, len, u0, real, x);
+    if (real == count) return;
+    // Padding: the plan repeats the chunk's first item, so the rank stays in its blocks; an
+    // empty chunk wraps to the layout's start.
+    std::uint64_t pad = 0;
+    if (len != 0) {
+        window_positions(start, len, 0, 1, &pad);
+    } else {
+        pad = wrap % geo_.n;
+    }
+    std::fill(x + real, x + count, pad);
+}
+
 std::uint64_t BlockShard::round_position(std::uint64_t i, std::uint64_t u) const {
     const BlockRound& d = geo_.resume.round;
-    const std::uint64_t start = geo_.resume.cursor + i * d.size + std::min(i, d.rem);
+    const Piece c = piece(geo_.resume.cursor, d.size, d.rem, i);
     std::uint64_t p = 0;
-    window_positions(start, d.size + (i < d.rem ? 1 : 0), u, 1, &p);
+    window_positions(c.start, c.len, u, 1, &p);
     return p;
 }
 
@@ -271,21 +294,8 @@ void BlockShard::head_positions(std::uint64_t k0, std::uint64_t count, std::uint
     const Geometry& g = geo_;
     const BlockRound& d = g.resume.round;
     if (g.own) {
-        const std::uint64_t i = g.rank;
-        const std::uint64_t start = g.resume.cursor + i * d.size + std::min(i, d.rem);
-        const std::uint64_t len = d.size + (i < d.rem ? 1 : 0);
-        const std::uint64_t u0 = d.offset + k0;
-        const std::uint64_t real = u0 < len ? std::min(count, len - u0) : 0;
-        if (real != 0) window_positions(start, len, u0, real, x);
-        for (std::uint64_t k = real; k < count; ++k) {
-            // Padding: the round's plan repeated the chunk's first item, or wrapped to the
-            // layout's start when the chunk was empty.
-            if (len != 0) {
-                window_positions(start, len, 0, 1, x + k);
-            } else {
-                x[k] = (i - d.rem) % g.n;
-            }
-        }
+        const Piece c = piece(g.resume.cursor, d.size, d.rem, g.rank);
+        chunk_positions(c.start, c.len, d.offset + k0, count, g.rank - d.rem, x);
         return;
     }
     const std::uint64_t w = g.num_replicas;
@@ -330,21 +340,10 @@ void BlockShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t*
             m = std::min(end - k, c - u);
             window_positions(g.start + (q * w + g.rank) * c, c, u, m, x);
         } else {
-            const std::uint64_t u = k - body_end;
-            const std::uint64_t start = g.last_start + g.rank * g.last_size + std::min(g.rank, g.last_rem);
-            const std::uint64_t len = g.last_size + (g.rank < g.last_rem ? 1 : 0);
+            // The last round's chunk; padded with pad=True on ranks >= last_rem.
+            const Piece c = piece(g.last_start, g.last_size, g.last_rem, g.rank);
             m = end - k;
-            const std::uint64_t real = u < len ? std::min(m, len - u) : 0;
-            if (real != 0) window_positions(start, len, u, real, x);
-            for (std::uint64_t i = real; i < m; ++i) {
-                // Padding (pad=True, ranks >= last_rem): the chunk's first item again, so the
-                // rank stays in its blocks; an empty chunk wraps to the layout's start.
-                if (len != 0) {
-                    window_positions(start, len, 0, 1, x + i);
-                } else {
-                    x[i] = (g.rank - g.last_rem) % g.n;
-                }
-            }
+            chunk_positions(c.start, c.len, k - body_end, m, g.rank - g.last_rem, x);
         }
         k += m;
         x += m;

@@ -141,6 +141,10 @@ class BlockShard final : public Shard {
     // (u0 + count <= len).
     void window_positions(std::uint64_t start, std::uint64_t len, std::uint64_t u0, std::uint64_t count,
                           std::uint64_t* x) const;
+    // window_positions for u0 + i < len; past the chunk's end (padding) its first position
+    // again, or (wrap mod n) for an empty chunk.
+    void chunk_positions(std::uint64_t start, std::uint64_t len, std::uint64_t u0, std::uint64_t count,
+                         std::uint64_t wrap, std::uint64_t* x) const;
     // The layout position of the interrupted round's chunk i, shuffled position u.
     std::uint64_t round_position(std::uint64_t i, std::uint64_t u) const;
     void head_positions(std::uint64_t k0, std::uint64_t count, std::uint64_t* x) const;

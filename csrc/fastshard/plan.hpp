@@ -12,6 +12,12 @@
 
 namespace fastshard {
 
+// num_replicas >= 1 and rank < num_replicas, else std::invalid_argument.
+inline void check_world(std::uint64_t num_replicas, std::uint64_t rank) {
+    if (num_replicas == 0) throw std::invalid_argument("num_replicas must be >= 1");
+    if (rank >= num_replicas) throw std::invalid_argument("rank must be < num_replicas");
+}
+
 struct Plan {
     std::uint64_t n = 0;
     std::uint64_t num_replicas = 1;
@@ -25,8 +31,7 @@ struct Plan {
     // Requires n < 2^63, num_replicas >= 1, rank < num_replicas, cursor < 2^63.
     static Plan make(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank,
                      bool drop_last, bool pad, std::uint64_t cursor = 0) {
-        if (num_replicas == 0) throw std::invalid_argument("num_replicas must be >= 1");
-        if (rank >= num_replicas) throw std::invalid_argument("rank must be < num_replicas");
+        check_world(num_replicas, rank);
         Plan p;
         p.n = n;
         p.num_replicas = num_replicas;
