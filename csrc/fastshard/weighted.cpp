@@ -140,6 +140,56 @@ int count_trailing_zeros(std::uint64_t v) noexcept {  // v != 0
 // 1e-12 of a bucket, far below the table's 2^-32 resolution.
 constexpr std::uint64_t kBlock = AliasTable::kSweepBlock;  // items per block sum
 
+// The items of one kind (flip 0: lights, ~0: heavies) from a position on, in index order, as
+// a word of bits still to visit: advancing clears the lowest bit, so the sweep can advance
+// either cursor without a branch on which.
+class Cursor {
+  public:
+    Cursor(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip, std::uint64_t from)
+        : words_(words.data()), count_(words.size()), n_(n), flip_(flip), word_(from / 64) {
+        if (from >= n) {
+            exhaust();
+            return;
+        }
+        bits_ = load(word_) & (~std::uint64_t{0} << (from % 64));
+        settle();
+    }
+    std::uint64_t position() const noexcept { return position_; }
+    // Moves to the next item if `c`; position() is n once there is none.
+    void advance_if(bool c) noexcept {
+        bits_ &= bits_ - std::uint64_t{c};
+        settle();
+    }
+
+  private:
+    std::uint64_t load(std::uint64_t w) const noexcept {
+        std::uint64_t bits = words_[w] ^ flip_;
+        if (w + 1 == count_ && n_ % 64 != 0) bits &= (std::uint64_t{1} << (n_ % 64)) - 1;
+        return bits;
+    }
+    void settle() noexcept {
+        while (bits_ == 0) {
+            if (++word_ >= count_) {
+                exhaust();
+                return;
+            }
+            bits_ = load(word_);
+        }
+        position_ = word_ * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits_));
+    }
+    // A sentinel bit that stays at position n: advance_if is never called on it with c.
+    void exhaust() noexcept {
+        word_ = n_ / 64;
+        bits_ = std::uint64_t{1} << (n_ % 64);
+        position_ = n_;
+    }
+
+    const std::uint64_t* words_;
+    std::uint64_t count_, n_, flip_, word_;
+    std::uint64_t bits_ = 0;
+    std::uint64_t position_ = 0;
+};
+
 // One bit per item, set for the light ones (below the mean): finding the next light or heavy
 // item is a scan of words with count-trailing-zeros instead of one unpredictable branch per
 // item. Filled together with each block's deficit and excess sums.
@@ -231,15 +281,7 @@ class LightBits {
 
     // First i' >= i whose bit, xor-ed with `flip`, is set; n if none.
     std::uint64_t next(std::uint64_t i, std::uint64_t flip) const noexcept {
-        if (i >= n_) return n_;
-        std::uint64_t w = i / 64;
-        std::uint64_t word = (words_[w] ^ flip) & (~std::uint64_t{0} << (i % 64));
-        while (word == 0) {
-            if (++w == words_.size()) return n_;
-            word = words_[w] ^ flip;
-        }
-        const std::uint64_t found = w * 64 + static_cast<std::uint64_t>(count_trailing_zeros(word));
-        return found < n_ ? found : n_;
+        return Cursor(words_, n_, flip, i).position();
     }
 
     std::uint64_t n_;
@@ -247,56 +289,6 @@ class LightBits {
     std::uint64_t blocks_;
     std::vector<double> deficit_;  // per block, then prefix sums
     std::vector<double> excess_;
-};
-
-// The items of one kind (flip 0: lights, ~0: heavies) from a position on, in index order, as
-// a word of bits still to visit: advancing clears the lowest bit, so the sweep can advance
-// either cursor without a branch on which.
-class Cursor {
-  public:
-    Cursor(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip, std::uint64_t from)
-        : words_(words.data()), count_(words.size()), n_(n), flip_(flip), word_(from / 64) {
-        if (from >= n) {
-            exhaust();
-            return;
-        }
-        bits_ = load(word_) & (~std::uint64_t{0} << (from % 64));
-        settle();
-    }
-    std::uint64_t position() const noexcept { return position_; }
-    // Moves to the next item if `c`; position() is n once there is none.
-    void advance_if(bool c) noexcept {
-        bits_ &= bits_ - std::uint64_t{c};
-        settle();
-    }
-
-  private:
-    std::uint64_t load(std::uint64_t w) const noexcept {
-        std::uint64_t bits = words_[w] ^ flip_;
-        if (w + 1 == count_ && n_ % 64 != 0) bits &= (std::uint64_t{1} << (n_ % 64)) - 1;
-        return bits;
-    }
-    void settle() noexcept {
-        while (bits_ == 0) {
-            if (++word_ >= count_) {
-                exhaust();
-                return;
-            }
-            bits_ = load(word_);
-        }
-        position_ = word_ * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits_));
-    }
-    // A sentinel bit that stays at position n: advance_if is never called on it with c.
-    void exhaust() noexcept {
-        word_ = n_ / 64;
-        bits_ = std::uint64_t{1} << (n_ % 64);
-        position_ = n_;
-    }
-
-    const std::uint64_t* words_;
-    std::uint64_t count_, n_, flip_, word_;
-    std::uint64_t bits_ = 0;
-    std::uint64_t position_ = 0;
 };
 
 // A cursor with its current item's q and q - 1 loaded (q of the last item when past the end).
@@ -329,6 +321,12 @@ class Stream {
     double q_ = 0.0, q_minus_1_ = 0.0;
 };
 
+template <class Bucket>
+void write_bucket(Bucket& b, std::uint64_t threshold, std::uint64_t alias) noexcept {
+    b.threshold = static_cast<decltype(b.threshold)>(threshold);
+    b.alias = static_cast<decltype(b.alias)>(alias);
+}
+
 // a if c else b, without a branch.
 inline std::uint64_t select(bool c, std::uint64_t a, std::uint64_t b) noexcept {
     const std::uint64_t mask = std::uint64_t{0} - std::uint64_t{c};
@@ -354,13 +352,9 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
     const LightBits bits(w, n, scale);
     auto q = [&](std::uint64_t i) { return w[i] * scale; };
     auto set = [&](std::uint64_t b, double keep, std::uint64_t alias) {
-        table[b].threshold = static_cast<decltype(table[b].threshold)>(to_threshold(keep));
-        table[b].alias = static_cast<decltype(table[b].alias)>(alias);
+        write_bucket(table[b], to_threshold(keep), alias);
     };
-    auto set_full = [&](std::uint64_t b) {
-        table[b].threshold = static_cast<decltype(table[b].threshold)>(kFull);
-        table[b].alias = static_cast<decltype(table[b].alias)>(b);
-    };
+    auto set_full = [&](std::uint64_t b) { write_bucket(table[b], kFull, b); };
 
     // Where each segment starts: its first item and its heavy cursor.
     const std::uint64_t segments = (n + segment - 1) / segment;
@@ -400,9 +394,7 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
             const std::uint64_t nj = heavies.item(), i = lights.item();
             // Over once the stream the step needs is exhausted (each stops at its bound).
             if (select(h, nj, i) >= select(h, n, end)) return false;
-            Bucket& b = t[select(h, j, i)];
-            b.threshold = static_cast<decltype(b.threshold)>(to_threshold(select(h, rest, lights.q())));
-            b.alias = static_cast<decltype(b.alias)>(select(h, nj, j));
+            write_bucket(t[select(h, j, i)], to_threshold(select(h, rest, lights.q())), select(h, nj, j));
             rest += select(h, heavies.q_minus_1(), lights.q_minus_1());
             j = select(h, nj, j);
             heavies.advance_if(h);
@@ -423,17 +415,12 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
                      Stream(bits.words(), n, ~std::uint64_t{0}, std::min(n, j + 1), n, w, scale)};
     };
     // After the main loop: the buckets rounding left unwritten.
-    auto finish = [&](Sweep& sw) {
-        std::uint64_t i = sw.lights.item(), j = sw.j;
-        const std::uint64_t end = sw.end;
-        if (j == n) {  // only by rounding: no heavy left for these lights
-            for (; i < end; i = std::min(end, bits.next_light(i + 1))) set_full(i);
-            return;
-        }
-        if (!sw.last) {
+    auto finish = [&](const Sweep& sw) {
+        std::uint64_t j = sw.j;
+        if (j != n && !sw.last) {
             // Heavies this segment still owns are, but for rounding, exactly emptied.
             double rest = sw.rest;
-            for (; j < sw.stop;) {
+            while (j < sw.stop) {
                 const std::uint64_t next = bits.next_heavy(j + 1);
                 if (next == n) {
                     set_full(j);
@@ -443,14 +430,14 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
                 rest += q(next) - 1.0;
                 j = next;
             }
-            for (; i < end; i = std::min(end, bits.next_light(i + 1))) set_full(i);
-            return;
+        } else if (j != n) {
+            // The last segment: what is left is (up to rounding) exactly full buckets, j and
+            // the items of weight exactly the mean after it.
+            for (; j < n; j = bits.next_heavy(j + 1)) set_full(j);
         }
-        // What is left is (up to rounding) exactly full buckets: j, items of weight exactly
-        // the mean after it, and lights left over by rounding.
-        set_full(j);
-        for (; i < end; i = std::min(end, bits.next_light(i + 1))) set_full(i);
-        for (std::uint64_t h = bits.next_heavy(j + 1); h < n; h = bits.next_heavy(h + 1)) set_full(h);
+        // Lights left over by rounding (all of the segment's if no heavy was left, j == n).
+        for (std::uint64_t i = sw.lights.item(); i < sw.end; i = std::min(sw.end, bits.next_light(i + 1)))
+            set_full(i);
     };
     Bucket* const t = table.get();
     std::atomic<std::uint64_t> next_pair{0};
