@@ -29,6 +29,24 @@ class _ShardSampler(Sampler[int]):
     auto_epoch: bool = False
     _epoch_warned: bool = False
 
+    def _set_shared_arguments(
+        self,
+        num_replicas: int | None,
+        rank: int | None,
+        seed: int | None,
+        drop_last: bool,
+        check_consistency: bool,
+        auto_epoch: bool,
+    ) -> None:
+        """Check and set the arguments every fastshard sampler takes. Call it after the
+        sampler's own checks: seed=None is a collective call (a broadcast from rank 0), so
+        every purely local error comes before it."""
+        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
+        self.drop_last = _validate.flag(drop_last, "drop_last")
+        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
+        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
+
     def _make_shard(self, cursor: int) -> _core.Shard:
         raise NotImplementedError
 
@@ -280,17 +298,15 @@ class DistributedSampler(_ShardSampler):
     ) -> None:
         self.dataset = dataset
         self._n = _validate.length(dataset)
-        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
         self.shuffle = _validate.flag(shuffle, "shuffle")
-        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
-        self.drop_last = _validate.flag(drop_last, "drop_last")
         self.pad = _validate.flag(pad, "pad")
-        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
-        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.order = order
         self.block_size, self.window = _block_arguments(order, block_size, window)
+        self._set_shared_arguments(
+            num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
+        )
         self._start_pass()
 
     # -- the epoch's shard ------------------------------------------------------------------

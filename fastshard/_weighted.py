@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _distributed, _validate, _world
+from . import _core, _validate
 from ._sampler import _ShardSampler
 
 
@@ -115,11 +115,9 @@ class WeightedDistributedSampler(_ShardSampler):
                 else "2**63 - 1"
             )
             raise ValueError(f"num_samples must be in [1, {limit}] ({why}), got {self.num_draws}")
-        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
-        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
-        self.drop_last = _validate.flag(drop_last, "drop_last")
-        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
-        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
+        self._set_shared_arguments(
+            num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
+        )
         self.weights_checksum = int(checksum)
         self.shuffle = True
         if self.replacement:
