@@ -137,10 +137,6 @@ def main() -> None:
                     f"{best[b]['peak'] / best[a]['peak']:.3f} of the memory |  |",
                     flush=True,
                 )
-        for a, b in (
-            ("torch_sampler", "fastshard_sampler"),
-            ("torch_randperm", "fastshard_randperm"),
-        ):
             if a in results and b in results:
                 assert results[a][0]["digest"] == results[b][0]["digest"], (a, b, n)
 
