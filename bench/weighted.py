@@ -2,19 +2,19 @@
 
     python bench/weighted.py [--n 1e5 1e8] [--repeat 5]
 
-- Table build vs `weights.sum()` on the same float64 array (best of `repeat`), and vs the
-  floor of any build: one read of the weights (the sum) plus one write of a table-sized
-  array (8 bytes per item). The validation pass (`summarize_weights`: check, sum, checksum)
-  runs before every table and is reported beside it.
+- Table build vs `weights.sum()` on the same float64 array, and vs the floor of any build:
+  one read of the weights (the sum) plus one write of a table-sized array (8 bytes per item).
+  The validation pass (`summarize_weights`: check, sum, checksum) runs before every table and
+  is reported beside it. The four are called in turn, best of `repeat` rounds after one.
 - First calls: allocating fresh memory costs page faults, and on a virtual machine the
   first touch of memory the host has not backed yet can cost seconds, so a table's first
   build is compared with a first write of the same size made by another fresh process in the
   same state (each creates the weights first, then does only that one thing).
-- Draws through indices() vs NumPy's random gather `arr[idx]` of the same count, called in
-  alternation, best of 8 rounds after 2: on this VM the same call swings between about 6 and
-  20 ns per draw from one call to the next (host-side memory effects, not time since the
-  build), so only calls made side by side are compared. At n = 1e5 (table in cache), draws
-  vs the default order's indices().
+- Draws through indices() vs NumPy's random gather `arr[idx]` of the same count and vs the
+  default order's indices() (the target at n = 1e5, where the table is in cache), called in
+  turn, best of 8 rounds after 2: on this VM the same call swings between about 6 and 20 ns
+  per draw from one call to the next (host-side memory effects, not time since the build),
+  so only calls made side by side are compared.
 
 Run it outside the source tree's root (or with the package installed) so that
 `import fastshard` is the build.
@@ -44,32 +44,32 @@ if first == "table":
 if first == "write":
     t = time.perf_counter(); x = np.ones(n, dtype=np.int64); out["first_s"] = time.perf_counter() - t
     print(json.dumps(out)); sys.exit()
-def best(f, warmup=0):
-    for _ in range(warmup):
-        f()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter(); r = f(); ts.append(time.perf_counter() - t); del r
-    return min(ts)
-out["sum_s"] = best(lambda: w.sum())
-out["summary_s"] = best(lambda: _core.summarize_weights(w))
+def side_by_side(fs, rounds, warmup=2):
+    # Calls the functions in turn, round after round, so that all see the machine in the same
+    # states; the best of each after `warmup` rounds.
+    ts = {key: [] for key in fs}
+    for _ in range(warmup + rounds):
+        for key, f in fs.items():
+            t = time.perf_counter(); r = f(); ts[key].append(time.perf_counter() - t); del r
+    out.update({key: min(v[warmup:]) for key, v in ts.items()})
 total = _core.summarize_weights(w)[1]
-out["table_s"] = best(lambda: _core.AliasTable(w, total), warmup=1)
-out["write_s"] = best(lambda: np.ones(n, dtype=np.int64), warmup=1)
+side_by_side({
+    "sum_s": lambda: w.sum(),
+    "summary_s": lambda: _core.summarize_weights(w),
+    "table_s": lambda: _core.AliasTable(w, total),
+    "write_s": lambda: np.ones(n, dtype=np.int64),
+}, repeat, warmup=1)
 draws = min(n, 10**7)
 s = fastshard.WeightedDistributedSampler(w, num_samples=draws, num_replicas=1, rank=0)
 out["draws"] = draws
 arr = np.arange(n, dtype=np.int64)
 idx = rng.integers(0, n, draws)
-# Alternate the two, so that both see the machine in the same states; best of 8 rounds each.
-ts = {"indices_s": [], "gather_s": []}
-for _ in range(10):
-    for key, f in (("indices_s", s.indices), ("gather_s", lambda: arr[idx])):
-        t = time.perf_counter(); r = f(); ts[key].append(time.perf_counter() - t); del r
-for key, v in ts.items():
-    out[key] = min(v[2:])
 d = fastshard.DistributedSampler(draws, 1, 0)
-out["default_order_indices_s"] = best(lambda: d.indices(), warmup=2)
+side_by_side({
+    "indices_s": s.indices,
+    "gather_s": lambda: arr[idx],
+    "default_order_indices_s": d.indices,
+}, 8)
 print(json.dumps(out))
 """
 
