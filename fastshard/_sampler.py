@@ -211,6 +211,12 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         also after ``load_state_dict`` (the resumed pass yields only the rest)."""
         return self._lengths(0)[0]
 
+    @property
+    def remaining(self) -> int:
+        """This rank's number of indices in the current pass, in O(1): ``len(self)``, or
+        after ``load_state_dict`` what is left of the saved epoch on this rank."""
+        return self._lengths()[0]
+
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
         self._begin_iteration()

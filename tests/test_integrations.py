@@ -110,6 +110,7 @@ def test_len_is_the_whole_epochs_also_while_a_resumed_pass_yields_the_rest():
         t = make()
         t.load_state_dict(state)
         assert len(t) == 500 and t.num_samples == 500 and t.total_size == 1000
+        assert t.remaining == 380 and make().remaining == 500
         rest = list(t)
         assert head + rest == list(make())
         b = BatchSampler(make(), BATCH)
