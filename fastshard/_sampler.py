@@ -10,6 +10,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from . import _core, _distributed, _state, _validate, _world
+from ._warnings import EpochWarning
 
 ORDERS = ("feistel", "torch", "block")
 
@@ -100,8 +101,9 @@ class _ShardSampler(Sampler[int]):
                 "which the previous iteration already yielded to its end, so it repeats the same "
                 "order. Call sampler.set_epoch(epoch) before each epoch (as with torch's "
                 "DistributedSampler), or build the sampler with auto_epoch=True to advance the "
-                "epoch on each new iteration. (Warned once per sampler.)",
-                UserWarning,
+                "epoch on each new iteration. (Warned once per sampler; filter it with "
+                "warnings.filterwarnings('ignore', category=fastshard.EpochWarning).)",
+                EpochWarning,
                 stacklevel=3,
             )
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
-from fastshard import BatchSampler, DistributedSampler, _core
+from fastshard import BatchSampler, DistributedSampler, EpochWarning, _core
 
 # Where torch.randperm switches from Fisher-Yates to the inside-out shuffle (UINT32_MAX // 20).
 INSIDE_OUT_FROM = 214_748_364
@@ -191,7 +191,7 @@ def test_access_paths_agree(n, W, r, drop_last):
 def test_set_epoch_changes_the_order_and_caches_it():
     s = ours(5000, 4, 2, seed=3)
     first = list(s)
-    with pytest.warns(UserWarning, match="set_epoch"):
+    with pytest.warns(EpochWarning, match="set_epoch"):
         assert list(s) == first  # the same epoch again: the same order (and a warning)
     s.set_epoch(1)
     second = list(s)
