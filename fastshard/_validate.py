@@ -41,7 +41,7 @@ def flag(value: Any, name: str) -> bool:
     """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    start = f"{name} should be a boolean value, but got {name}={value!r}"
+    start = f"{name} should be a boolean value, but got {name}={value}"
     if isinstance(value, (int, np.integer)):
         if value == 0 or value == 1:
             return bool(value)

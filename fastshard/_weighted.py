@@ -43,7 +43,7 @@ def _num_draws(num_samples: Any, replacement: bool, n: int, positive: int) -> in
     if num_samples is None:
         return n if replacement else positive
     torch_says = (
-        f"num_samples should be a positive integer value, but got num_samples={num_samples!r}"
+        f"num_samples should be a positive integer value, but got num_samples={num_samples}"
     )
     try:
         k = _validate.integer(num_samples, "num_samples")
