@@ -17,11 +17,13 @@ from ._distributed import InconsistentRanksError
 from ._frameworks import ReshardedError
 from ._sampler import BatchSampler, DistributedSampler
 from ._threads import get_num_threads, set_num_threads
+from ._warnings import EpochWarning
 from ._weighted import WeightedDistributedSampler
 
 __all__ = [
     "BatchSampler",
     "DistributedSampler",
+    "EpochWarning",
     "InconsistentRanksError",
     "ReshardedError",
     "WeightedDistributedSampler",

@@ -11,6 +11,7 @@ from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
 from . import _core, _distributed, _frameworks, _state, _validate, _world
+from ._warnings import EpochWarning
 
 ORDERS = ("feistel", "torch", "block")
 
@@ -114,8 +115,9 @@ class _ShardSampler(_TorchDistributedSampler[int]):
                 "which the previous iteration already yielded to its end, so it repeats the same "
                 "order. Call sampler.set_epoch(epoch) before each epoch (as with torch's "
                 "DistributedSampler), or build the sampler with auto_epoch=True to advance the "
-                "epoch on each new iteration. (Warned once per sampler.)",
-                UserWarning,
+                "epoch on each new iteration. (Warned once per sampler; filter it with "
+                "warnings.filterwarnings('ignore', category=fastshard.EpochWarning).)",
+                EpochWarning,
                 stacklevel=3,
             )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from . import _core, _validate
 from ._sampler import _ShardSampler
@@ -12,17 +13,12 @@ from ._sampler import _ShardSampler
 
 def _as_float64(weights: Any) -> np.ndarray:
     """The weights as a contiguous 1-D float64 array, converted without a Python loop."""
-    try:
-        import torch
-
-        if isinstance(weights, torch.Tensor):
-            if weights.device.type != "cpu":
-                raise TypeError(
-                    f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first"
-                )
-            weights = weights.detach().numpy()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    if isinstance(weights, torch.Tensor):
+        if weights.device.type != "cpu":
+            raise TypeError(
+                f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first"
+            )
+        weights = weights.detach().numpy()
     if isinstance(weights, (str, bytes)):
         raise TypeError("weights must be a 1-D sequence of numbers, got a string")
     try:
@@ -38,6 +34,32 @@ def _as_float64(weights: Any) -> np.ndarray:
     if arr.size == 0:
         raise ValueError("weights must not be empty")
     return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def _num_draws(num_samples: Any, replacement: bool, n: int, positive: int) -> int:
+    """The epoch's global number of draws: ``num_samples``, by default n with replacement and
+    the number of positive weights without. A bad value gets torch's WeightedRandomSampler
+    message first, then what is wrong with it."""
+    if num_samples is None:
+        return n if replacement else positive
+    torch_says = (
+        f"num_samples should be a positive integer value, but got num_samples={num_samples}"
+    )
+    try:
+        k = _validate.integer(num_samples, "num_samples")
+    except TypeError as err:
+        raise TypeError(f"{torch_says}: {err}") from None
+    if k < 1:
+        raise ValueError(torch_says)
+    if not replacement and k > positive:
+        # torch finds this only when it draws (a RuntimeError from torch.multinomial)
+        raise ValueError(
+            f"num_samples must be at most the number of positive weights ({positive}) "
+            f"without replacement, got {k}"
+        )
+    if k > _validate.MAX_LENGTH:
+        raise ValueError(f"num_samples must be in [1, 2**63 - 1], got {k}")
+    return k
 
 
 class WeightedDistributedSampler(_ShardSampler):
@@ -107,17 +129,14 @@ class WeightedDistributedSampler(_ShardSampler):
         # may read len(sampler.dataset): the items the draws index, as a lazy range.
         self.dataset = range(self._n)
         self.replacement = _validate.flag(replacement, "replacement")
-        limit = positive if not self.replacement else _validate.MAX_LENGTH
-        if num_samples is None:
-            num_samples = self._n if self.replacement else positive
-        self.num_draws = _validate.integer(num_samples, "num_samples")
-        if not 1 <= self.num_draws <= limit:
-            why = (
-                f"the number of positive weights ({positive}) without replacement"
-                if not self.replacement
-                else "2**63 - 1"
+        self.num_draws = _num_draws(num_samples, self.replacement, self._n, positive)
+        if isinstance(num_replicas, torch.Generator):
+            # WeightedRandomSampler(weights, num_samples, replacement, generator) positionally
+            raise TypeError(
+                "WeightedDistributedSampler takes no generator: its fourth argument is "
+                "num_replicas. Its draws come from seed and the epoch, the same on every rank "
+                "and in every resumed run; pass seed=... instead of a torch.Generator"
             )
-            raise ValueError(f"num_samples must be in [1, {limit}] ({why}), got {self.num_draws}")
         self._set_shared_arguments(
             num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
         )

@@ -272,7 +272,9 @@ class BadLen:
         (dict(order="random"), ValueError, "order"),
         (dict(order=None), ValueError, "order"),
         (dict(shuffle="yes"), TypeError, "shuffle"),
-        (dict(drop_last=1), TypeError, "drop_last"),
+        (dict(drop_last=2), ValueError, "drop_last should be a boolean value"),
+        (dict(drop_last=-1), ValueError, "drop_last"),
+        (dict(shuffle=1.0), TypeError, "shuffle should be a boolean value"),
         (dict(pad=None), TypeError, "pad"),
     ],
 )

@@ -222,8 +222,11 @@ def test_no_process_group_no_check():
 
 def test_check_consistency_is_a_flag():
     assert DistributedSampler(10, 2, 0).check_consistency is True
+    assert DistributedSampler(10, 2, 0, check_consistency=0).check_consistency is False
+    with pytest.raises(ValueError, match="check_consistency"):
+        DistributedSampler(10, 2, 0, check_consistency=2)
     with pytest.raises(TypeError, match="check_consistency"):
-        DistributedSampler(10, 2, 0, check_consistency=1)
+        DistributedSampler(10, 2, 0, check_consistency="no")
 
 
 def test_error_type_is_exported_and_pickles():
