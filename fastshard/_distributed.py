@@ -112,12 +112,29 @@ def _row(fields: dict[str, Any]) -> list[int]:
     return row + [0] * (WIDTH - len(row))
 
 
+def _sampler_names() -> dict[int, str]:
+    """The id of every fastshard sampler class's name (and its subclasses'): names longer than
+    8 bytes travel as a digest, so a rank names another rank's kind of sampler from these."""
+    from ._sampler import _ShardSampler  # here: _sampler imports this module
+
+    names: dict[int, str] = {}
+    todo = [_ShardSampler]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            names[_text_id(sub.__name__)] = sub.__name__
+            todo.append(sub)
+    return names
+
+
 def _display(value: int, local: Any) -> Any:
-    """A received value in the form of the local one (the ranks' samplers share a type)."""
+    """A received value in the form of the local one (the ranks' samplers share a type once
+    their kinds agree; the kind itself is a sampler class name)."""
     if isinstance(local, bool):
         return bool(value)
     if isinstance(local, str):
-        return local if value == _text_id(local) else _text_name(value)
+        if value == _text_id(local):
+            return local
+        return _sampler_names().get(value) or _text_name(value)
     return value % _U64 if value < 0 else value
 
 
@@ -172,10 +189,17 @@ def check(sampler: _ShardSampler) -> None:
         }
     if fields:
         detail = "\n  ".join(_describe(f, vs) for f, vs in fields.items())
+        # The same message on every rank: with different kinds, no rank's own config names
+        # what must agree.
+        same = (
+            "the same kind of sampler, with the same configuration"
+            if "sampler" in fields
+            else f"its sampler with the same {', '.join(sampler._config())}"
+        )
         raise InconsistentRanksError(
             f"fastshard.{type(sampler).__name__}: the {world} ranks disagree on the sampler at "
             f"the start of an iteration (this is rank {dist.get_rank()}):\n  {detail}\n"
-            f"Every rank must build its sampler with the same {', '.join(sampler._config())} "
+            f"Every rank must build {same} "
             "and num_replicas, and be at the same epoch (set_epoch) and resume point before "
             "iterating. Raised on every rank; pass "
             "check_consistency=False (on every rank) to turn the check off.",
