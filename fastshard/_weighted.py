@@ -10,8 +10,12 @@ from . import _core, _validate
 from ._sampler import _ShardSampler
 
 
-def _as_float64(weights: Any) -> np.ndarray:
-    """The weights as a contiguous 1-D float64 array, converted without a Python loop."""
+def _as_float64(weights: Any, copy: bool = False) -> np.ndarray:
+    """The weights as a contiguous 1-D float64 array, converted without a Python loop.
+
+    ``copy=True``: always a new array, never a view of the caller's array or tensor (which
+    ``np.ascontiguousarray`` and ``Tensor.numpy()`` return for float64 input).
+    """
     try:
         import torch
 
@@ -37,6 +41,8 @@ def _as_float64(weights: Any) -> np.ndarray:
         raise ValueError(f"weights must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("weights must not be empty")
+    if copy:
+        return np.array(arr, dtype=np.float64, order="C", copy=True)
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
@@ -90,7 +96,12 @@ class WeightedDistributedSampler(_ShardSampler):
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
-        w = _as_float64(weights)
+        self.replacement = _validate.flag(replacement, "replacement")
+        # Without replacement the sampler keeps the weights for every epoch: it owns a copy,
+        # so later edits to the caller's array or tensor change no draw, cannot bypass the
+        # validation below or leave the checksum stale, and cannot race with the C++ reader
+        # (which runs without the GIL). With replacement only the alias table is kept.
+        w = _as_float64(weights, copy=not self.replacement)
         first_invalid, total, positive, checksum = _core.summarize_weights(w)
         if first_invalid >= 0:
             v = w[first_invalid]
@@ -103,7 +114,6 @@ class WeightedDistributedSampler(_ShardSampler):
         if not np.isfinite(total):
             raise ValueError("the sum of the weights overflows float64; scale them down")
         self._n = len(w)
-        self.replacement = _validate.flag(replacement, "replacement")
         limit = positive if not self.replacement else _validate.MAX_LENGTH
         if num_samples is None:
             num_samples = self._n if self.replacement else positive
