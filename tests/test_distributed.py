@@ -207,7 +207,9 @@ def test_guard_catches_a_checkpoint_loaded_on_some_ranks(world):
     w, res = results(world, "guard_checkpoint_on_some_ranks")
     cursor = res[0]["cursor"]
     assert cursor == 10 * w
-    assert_raised_everywhere(res, {"epoch": [3] * (w - 1) + [0], "cursor": [cursor] * (w - 1) + [0]})
+    assert_raised_everywhere(
+        res, {"epoch": [3] * (w - 1) + [0], "cursor": [cursor] * (w - 1) + [0]}
+    )
 
 
 def test_guard_catches_a_different_num_replicas(world):

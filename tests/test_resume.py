@@ -350,16 +350,25 @@ END_OF_PASS = {
     "feistel-2**63-1": (_uniform(2**63 - 1), 2**63 - 1, 2, (1, 3, 2**62)),
     "feistel-2**62+3-on-2**62": (_uniform(2**62 + 3), 2**62 + 3, 2**62, (1, 2, 5)),
     "block-2**63-1": (
-        _uniform(2**63 - 1, order="block", block_size=7, window=3), 2**63 - 1, 2, (1, 3),
+        _uniform(2**63 - 1, order="block", block_size=7, window=3),
+        2**63 - 1,
+        2,
+        (1, 3),
     ),
     "weighted-2**63-1-draws": (
-        _weighted(weights=[1.0, 0.0, 2.5], num_samples=2**63 - 1), 2**63 - 1, 2, (1, 3, 2**62),
+        _weighted(weights=[1.0, 0.0, 2.5], num_samples=2**63 - 1),
+        2**63 - 1,
+        2,
+        (1, 3, 2**62),
     ),
     "feistel-10": (_uniform(10), 10, 4, (1, 3, 7)),
     "torch-10": (_uniform(10, order="torch"), 10, 4, (1, 3, 7)),
     "block-10": (_uniform(10, order="block", block_size=3, window=2), 10, 4, (1, 3, 7)),
     "weighted-without-replacement": (
-        _weighted(weights=np.arange(1.0, 11.0), num_samples=7, replacement=False), 7, 3, (1, 2, 5),
+        _weighted(weights=np.arange(1.0, 11.0), num_samples=7, replacement=False),
+        7,
+        3,
+        (1, 2, 5),
     ),
     "weighted-with-replacement": (_weighted(weights=[1.0, 3.0], num_samples=9), 9, 4, (1, 2, 5)),
 }
