@@ -209,8 +209,8 @@ def medium_pi() -> np.ndarray:
 
 def test_inclusion_probabilities_by_integration(medium_inclusions, medium_pi):
     # 9 of 32 positive weights, from 0.5 to 40: inclusion is far from k * p for the heavy
-    # items (the heaviest: p = 0.079, k p = 0.71, pi = 0.60), so a sampler that drew with
-    # replacement and dropped repeats, or ignored the weights' renormalisation, fails.
+    # items (the heaviest: p = 0.079, k p = 0.71, pi = 0.60), so a selection whose inclusion
+    # followed k * p, or keys u / w instead of -log(u) / w (the control below), fails.
     pi = medium_pi
     assert abs(pi.sum() - MEDIUM_K) < 1e-7
     assert medium_inclusions[MEDIUM == 0].sum() == 0
