@@ -14,6 +14,7 @@ except ImportError as err:  # pragma: no cover - only without a build
     ) from err
 
 from ._distributed import InconsistentRanksError
+from ._frameworks import ReshardedError
 from ._sampler import BatchSampler, DistributedSampler
 from ._threads import get_num_threads, set_num_threads
 from ._weighted import WeightedDistributedSampler
@@ -22,6 +23,7 @@ __all__ = [
     "BatchSampler",
     "DistributedSampler",
     "InconsistentRanksError",
+    "ReshardedError",
     "WeightedDistributedSampler",
     "__version__",
     "get_num_threads",

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._sampler import _ShardSampler
 
 # What every rank's sampler must agree on: its configuration (the part of a checkpoint that
 # must match: n, seed, order, ... or, for weighted sampling, the weights' checksum), then the
@@ -27,6 +24,19 @@ WIDTH = 16
 
 _U64 = 2**64
 _I64 = 2**63
+
+
+class Checked(Protocol):
+    """What the check reads of a sampler. A protocol rather than the sampler class, so that
+    this module does not import the samplers that import it."""
+
+    check_consistency: bool
+    epoch: int
+    num_replicas: int
+
+    def _config(self) -> dict[str, Any]: ...
+
+    def _resume_point(self) -> dict[str, Any]: ...
 
 
 class InconsistentRanksError(RuntimeError):
@@ -95,7 +105,7 @@ def _encode(value: Any) -> int:
     return _signed(int(value))  # bools become 0/1
 
 
-def _fields(sampler: _ShardSampler) -> dict[str, Any]:
+def _fields(sampler: Checked) -> dict[str, Any]:
     return {
         "sampler": type(sampler).__name__,
         **sampler._config(),
@@ -112,18 +122,9 @@ def _row(fields: dict[str, Any]) -> list[int]:
     return row + [0] * (WIDTH - len(row))
 
 
-def _sampler_names() -> dict[int, str]:
-    """The id of every fastshard sampler class's name (and its subclasses'): names longer than
-    8 bytes travel as a digest, so a rank names another rank's kind of sampler from these."""
-    from ._sampler import _ShardSampler  # here: _sampler imports this module
-
-    names: dict[int, str] = {}
-    todo = [_ShardSampler]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            names[_text_id(sub.__name__)] = sub.__name__
-            todo.append(sub)
-    return names
+# The kinds of sampler fastshard makes. A name longer than 8 bytes travels as a digest, so a
+# rank names another rank's kind from this table (a subclass of one shows as <0x...>).
+_KINDS = {_text_id(name): name for name in ("DistributedSampler", "WeightedDistributedSampler")}
 
 
 def _display(value: int, local: Any) -> Any:
@@ -134,7 +135,7 @@ def _display(value: int, local: Any) -> Any:
     if isinstance(local, str):
         if value == _text_id(local):
             return local
-        return _sampler_names().get(value) or _text_name(value)
+        return _KINDS.get(value) or _text_name(value)
     return value % _U64 if value < 0 else value
 
 
@@ -159,7 +160,7 @@ def _describe(field: str, values: list[Any]) -> str:
     return f"{field}: " + "; ".join(f"{v!r} on {_ranks(rs)}" for v, rs in by_value.items())
 
 
-def check(sampler: _ShardSampler) -> None:
+def check(sampler: Checked) -> None:
     """Raise InconsistentRanksError on every rank unless all ranks' samplers agree.
 
     Runs at the start of each pass (each ``__iter__``, which a training loop calls once per

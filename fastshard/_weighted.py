@@ -114,6 +114,9 @@ class WeightedDistributedSampler(_ShardSampler):
         if not np.isfinite(total):
             raise ValueError("the sum of the weights overflows float64; scale them down")
         self._n = len(w)
+        # torch's DistributedSampler has a `dataset`, and code that finds an instance of it
+        # may read len(sampler.dataset): the items the draws index, as a lazy range.
+        self.dataset = range(self._n)
         limit = positive if not self.replacement else _validate.MAX_LENGTH
         if num_samples is None:
             num_samples = self._n if self.replacement else positive

@@ -307,11 +307,12 @@ def run_chain(n, worlds, fracs, B, K, **kw):
             taken.append([list(s) for s in group])
             break
         f = fracs[i]
-        k = min(f, len(group[0])) if isinstance(f, int) else int(f * len(group[0]))
+        rest = len(group[0].indices())  # this pass's length (len() is the whole epoch's)
+        k = min(f, rest) if isinstance(f, int) else int(f * rest)
         taken.append([consume(s, k) for s in group])
         state = json.loads(json.dumps(group[0].state_dict()))
         for s in group[1:]:
-            if k <= len(s):  # a shorter (pad=False) shard cannot tell its end from later
+            if k <= len(s.indices()):  # a shorter (pad=False) shard cannot tell its end from later
                 assert s.state_dict() == state
         states.append(state)
     return taken, states
