@@ -122,12 +122,20 @@ def _row(fields: dict[str, Any]) -> list[int]:
     return row + [0] * (WIDTH - len(row))
 
 
+# The kinds of sampler fastshard makes. A name longer than 8 bytes travels as a digest, so a
+# rank names another rank's kind from this table (a subclass of one shows as <0x...>).
+_KINDS = {_text_id(name): name for name in ("DistributedSampler", "WeightedDistributedSampler")}
+
+
 def _display(value: int, local: Any) -> Any:
-    """A received value in the form of the local one (the ranks' samplers share a type)."""
+    """A received value in the form of the local one (the ranks' samplers share a type once
+    their kinds agree; the kind itself is a sampler class name)."""
     if isinstance(local, bool):
         return bool(value)
     if isinstance(local, str):
-        return local if value == _text_id(local) else _text_name(value)
+        if value == _text_id(local):
+            return local
+        return _KINDS.get(value) or _text_name(value)
     return value % _U64 if value < 0 else value
 
 
@@ -182,10 +190,17 @@ def check(sampler: Checked) -> None:
         }
     if fields:
         detail = "\n  ".join(_describe(f, vs) for f, vs in fields.items())
+        # The same message on every rank: with different kinds, no rank's own config names
+        # what must agree.
+        same = (
+            "the same kind of sampler, with the same configuration"
+            if "sampler" in fields
+            else f"its sampler with the same {', '.join(sampler._config())}"
+        )
         raise InconsistentRanksError(
             f"fastshard.{type(sampler).__name__}: the {world} ranks disagree on the sampler at "
             f"the start of an iteration (this is rank {dist.get_rank()}):\n  {detail}\n"
-            f"Every rank must build its sampler with the same {', '.join(sampler._config())} "
+            f"Every rank must build {same} "
             "and num_replicas, and be at the same epoch (set_epoch) and resume point before "
             "iterating. Raised on every rank; pass "
             "check_consistency=False (on every rank) to turn the check off.",

@@ -179,6 +179,12 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         else:
             consumed = _validate.integer(consumed, "consumed")
         cursor, rnd = self._resume_after(consumed)
+        n = self._plan_args()[0]
+        if cursor > n:
+            # Padding ran past the epoch's end: cursor + total_size reaches n + W - 1, which
+            # can pass the 2**63 - 1 a state may hold. Any cursor >= n leaves nothing on any
+            # number of ranks, so the exhausted pass is saved as n, which always loads.
+            cursor, rnd = n, None
         return _state.make(self._config(), self.epoch, cursor, rnd)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -11,8 +11,12 @@ from . import _core, _validate
 from ._sampler import _ShardSampler
 
 
-def _as_float64(weights: Any) -> np.ndarray:
-    """The weights as a contiguous 1-D float64 array, converted without a Python loop."""
+def _as_float64(weights: Any, copy: bool = False) -> np.ndarray:
+    """The weights as a contiguous 1-D float64 array, converted without a Python loop.
+
+    ``copy=True``: always a new array, never a view of the caller's array or tensor (which
+    ``np.ascontiguousarray`` and ``Tensor.numpy()`` return for float64 input).
+    """
     if isinstance(weights, torch.Tensor):
         if weights.device.type != "cpu":
             raise TypeError(
@@ -33,6 +37,8 @@ def _as_float64(weights: Any) -> np.ndarray:
         raise ValueError(f"weights must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("weights must not be empty")
+    if copy:
+        return np.array(arr, dtype=np.float64, order="C", copy=True)
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
@@ -112,7 +118,12 @@ class WeightedDistributedSampler(_ShardSampler):
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
-        w = _as_float64(weights)
+        self.replacement = _validate.flag(replacement, "replacement")
+        # Without replacement the sampler keeps the weights for every epoch: it owns a copy,
+        # so later edits to the caller's array or tensor change no draw, cannot bypass the
+        # validation below or leave the checksum stale, and cannot race with the C++ reader
+        # (which runs without the GIL). With replacement only the alias table is kept.
+        w = _as_float64(weights, copy=not self.replacement)
         first_invalid, total, positive, checksum = _core.summarize_weights(w)
         if first_invalid >= 0:
             v = w[first_invalid]
@@ -128,7 +139,6 @@ class WeightedDistributedSampler(_ShardSampler):
         # torch's DistributedSampler has a `dataset`, and code that finds an instance of it
         # may read len(sampler.dataset): the items the draws index, as a lazy range.
         self.dataset = range(self._n)
-        self.replacement = _validate.flag(replacement, "replacement")
         self.num_draws = _num_draws(num_samples, self.replacement, self._n, positive)
         if isinstance(num_replicas, torch.Generator):
             # WeightedRandomSampler(weights, num_samples, replacement, generator) positionally

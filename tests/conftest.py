@@ -7,6 +7,12 @@ import tempfile
 
 import pytest
 
+# Tests that read /proc (VmHWM, VmRSS, VmSize) or use `resource` limits: Linux only. The wheel
+# workflow runs the suite on macOS and Windows too, where neither exists (or means the same).
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc or sets resource limits (Linux)"
+)
+
 
 @pytest.fixture(autouse=True)
 def _no_torchrun_env(monkeypatch):

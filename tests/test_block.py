@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fastshard import BatchSampler, DistributedSampler, _distributed
 
-from .conftest import child_peak_growth_kib
+from .conftest import child_peak_growth_kib, linux_only
 
 
 def make(n, W, r, B, K=1, epoch=0, **kw):
@@ -242,6 +242,7 @@ def test_huge_n(n):
     assert 0 <= s[-1] < n and [s[k] for k in range(0, 100_000, 997)] == head[::997].tolist()
 
 
+@linux_only
 def test_huge_n_allocates_nothing_proportional_to_n():
     growth = child_peak_growth_kib(
         "s = fastshard.DistributedSampler(2**63 - 1, 8, 0, order='block', block_size=2**20, window=64)\n"

@@ -181,6 +181,34 @@ def test_guard_compares_the_weights_checksum(world):
         assert len(set(sums[:-1])) == 1 and sums[-1] != sums[0]
 
 
+def test_guard_catches_a_checkpoint_loaded_on_some_ranks(world):
+    w, res = results(world, "guard_checkpoint_on_some_ranks")
+    cursor = res[0]["cursor"]
+    assert cursor == 10 * w
+    assert_raised_everywhere(
+        res, {"epoch": [3] * (w - 1) + [0], "cursor": [cursor] * (w - 1) + [0]}
+    )
+
+
+def test_guard_catches_a_different_num_replicas(world):
+    w, res = results(world, "guard_num_replicas")
+    assert_raised_everywhere(res, {"num_replicas": [w + 1] + [w] * (w - 1)})
+
+
+def test_guard_catches_different_kinds_of_sampler(world):
+    # Every rank names both kinds, although a name longer than 8 bytes travels as a digest.
+    w, res = results(world, "guard_sampler_kind")
+    kinds = ["DistributedSampler"] + ["WeightedDistributedSampler"] * (w - 1)
+    assert_raised_everywhere(res, {"sampler": kinds})
+
+
+def test_guard_catches_a_different_block_round(world):
+    w, res = results(world, "guard_block_round")
+    same, other = res[0]["codes"]
+    assert same != other and 0 not in (same, other)
+    assert_raised_everywhere(res, {"round": [same] * (w - 1) + [other]})
+
+
 def test_guard_off(world):
     w, res = results(world, "guard_off")
     # Different lengths and epochs, no error: and no collective either (the sentinel agrees).
@@ -218,6 +246,14 @@ def test_no_process_group_no_check():
     b = DistributedSampler(11, 2, 1)
     b.set_epoch(4)
     assert len(list(a)) == 5 and len(list(b)) == 6
+
+
+def test_the_check_names_every_kind_of_sampler():
+    # Names longer than 8 bytes travel as digests: each fastshard kind must be in the table.
+    from fastshard import _distributed
+
+    for cls in (DistributedSampler, WeightedDistributedSampler):
+        assert _distributed._display(_distributed._text_id(cls.__name__), "x") == cls.__name__
 
 
 def test_check_consistency_is_a_flag():

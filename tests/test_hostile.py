@@ -23,7 +23,7 @@ import pytest
 
 from fastshard import BatchSampler, DistributedSampler, WeightedDistributedSampler
 
-from .conftest import run_python
+from .conftest import linux_only, run_python
 
 # -- the bad-input battery ------------------------------------------------------------------------
 # Values as source text, evaluated in the child (and in this process for the references).
@@ -412,6 +412,7 @@ def test_huge_requests_fail_cleanly_in_a_child():
     assert out.split() and "returned" not in out.split(), out
 
 
+@linux_only
 def test_many_threads_in_a_child():
     # More threads than the process can start: the fill must finish (the calling thread takes
     # the parts no thread was started for) and agree with a single-threaded fill. The address

@@ -14,6 +14,8 @@ from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
 from fastshard import BatchSampler, DistributedSampler, EpochWarning, _core
 
+from .conftest import linux_only
+
 # Where torch.randperm switches from Fisher-Yates to the inside-out shuffle (UINT32_MAX // 20).
 INSIDE_OUT_FROM = 214_748_364
 
@@ -226,7 +228,7 @@ print(before, after, peak, len(s))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@linux_only
 def test_only_the_rank_share_stays_in_memory():
     n, W = 20_000_000, 8
     proc = subprocess.run(
