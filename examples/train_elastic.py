@@ -187,8 +187,9 @@ class Run:
             where = f"epoch {start}, cursor {cursor:,}" if resumed else "the beginning"
             print(f"attempt {self.attempt}: {self.world} ranks, from {where}", flush=True)
         for epoch in range(start, self.args.epochs):
+            # the usual call: for the epoch just loaded it keeps the resume point
+            self.sampler.set_epoch(epoch)
             if not (resumed and epoch == start):
-                self.sampler.set_epoch(epoch)  # (after load_state_dict the epoch is set)
                 cursor = 0
             if not self.epoch(epoch, cursor):
                 if self.rank == 0:

@@ -39,6 +39,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
     check_consistency: bool
     auto_epoch: bool = False
     _epoch_warned: bool = False
+    _resume_pending: bool = False
 
     def _set_shared_arguments(
         self,
@@ -75,8 +76,16 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         cursor = self._cursor if cursor is None else cursor
         return _core.plan_lengths(n, self.num_replicas, self.rank, drop_last, pad, cursor)
 
-    def _start_pass(self, epoch: int = 0, cursor: int = 0, rnd: _state.Round | None = None) -> None:
+    def _start_pass(
+        self,
+        epoch: int = 0,
+        cursor: int = 0,
+        rnd: _state.Round | None = None,
+        resumed: bool = False,
+    ) -> None:
         self.epoch = epoch
+        # A state just loaded and not yet iterated: set_epoch(epoch) keeps it (see set_epoch).
+        self._resume_pending = resumed
         # Positions of the epoch's global sequence consumed before this pass began (non-zero
         # only after load_state_dict; for the block order also its interrupted round), the
         # pass's shard (built lazily), its latest iterator, and whether a BatchSampler
@@ -93,6 +102,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         the epoch (auto_epoch) or warn once that the same order comes again. First of all,
         refuse to run under a framework layer that would shard this rank's shard again."""
         _frameworks.check_not_resharded(self)
+        self._resume_pending = False
         it = self._iterator
         if (
             self.auto_epoch
@@ -138,9 +148,16 @@ class _ShardSampler(_TorchDistributedSampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
 
-        Also ends a resumed pass: the sampler yields the whole epoch again.
+        Also ends a resumed pass: the sampler yields the whole epoch again. Except right
+        after ``load_state_dict``, before the resumed pass is iterated: ``set_epoch`` of the
+        saved epoch then keeps the resume, so that the usual loop (load the checkpoint, then
+        ``set_epoch(epoch)`` at the top of every epoch) continues the saved epoch instead of
+        training on its first part twice.
         """
-        self._start_pass(_validate.integer(epoch, "epoch"), 0)
+        epoch = _validate.integer(epoch, "epoch")
+        if self._resume_pending and epoch == self.epoch:
+            return
+        self._start_pass(epoch, 0)
 
     # -- checkpoints ------------------------------------------------------------------------
     def _cursor_after(self, consumed: int) -> int:
@@ -196,7 +213,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         is refused (ValueError/TypeError) and the sampler is left unchanged.
         """
         epoch, cursor, rnd = _state.check(state, self._config())
-        self._start_pass(epoch, cursor, rnd)
+        self._start_pass(epoch, cursor, rnd, resumed=True)
 
     # -- torch's attributes -----------------------------------------------------------------
     # A whole epoch's lengths, also while a resumed pass yields only the rest of its epoch:

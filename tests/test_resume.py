@@ -413,3 +413,29 @@ def test_a_cursor_past_the_end_from_an_older_state_still_loads():
         s = make(10, W2, 0)
         s.load_state_dict({**state, "cursor": 12})
         assert s.indices().size == 0 and list(s) == [] and s.state_dict()["cursor"] == 10
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_set_epoch_of_the_loaded_epoch_keeps_the_resume(order):
+    """The usual loop: load the checkpoint, then set_epoch(epoch) at the top of each epoch.
+    It must continue the saved epoch, not train on its first part twice."""
+    full = list(make(100, 2, 1, order=order, epoch=3))
+    s = make(100, 2, 1, order=order, epoch=3)
+    head = consume(s, 20)
+    state = s.state_dict()
+    t = make(100, 2, 1, order=order)
+    t.load_state_dict(state)
+    t.set_epoch(3)  # the saved epoch, before iterating: the resume stands
+    assert t.state_dict()["cursor"] == state["cursor"]
+    assert head + list(t) == full
+    t.set_epoch(3)  # after the resumed pass was iterated: the whole epoch again
+    assert list(t) == full
+    u = make(100, 2, 1, order=order)
+    u.load_state_dict(state)
+    u.set_epoch(4)  # another epoch: the resume ends
+    assert list(u) == list(make(100, 2, 1, order=order, epoch=4))
+    v = make(100, 2, 1, order=order)
+    v.load_state_dict(state)
+    partial = consume(v, 5)  # the resumed pass began: set_epoch starts the whole epoch
+    v.set_epoch(3)
+    assert partial == full[20:25] and list(v) == full
