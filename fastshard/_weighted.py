@@ -91,7 +91,13 @@ class WeightedDistributedSampler(_ShardSampler):
         auto_epoch: bool = False,
     ) -> None:
         w = _as_float64(weights)
-        first_invalid, total, positive, checksum = _core.summarize_weights(w)
+        self.replacement = _validate.flag(replacement, "replacement")
+        # With replacement, the check, the checksum and the table in one C++ call (one pass
+        # over the weights fewer); the table is None if the checks below fail.
+        if self.replacement:
+            first_invalid, total, positive, checksum, table = _core.weights_table(w)
+        else:
+            first_invalid, total, positive, checksum = _core.summarize_weights(w)
         if first_invalid >= 0:
             v = w[first_invalid]
             what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "negative")
@@ -103,7 +109,6 @@ class WeightedDistributedSampler(_ShardSampler):
         if not np.isfinite(total):
             raise ValueError("the sum of the weights overflows float64; scale them down")
         self._n = len(w)
-        self.replacement = _validate.flag(replacement, "replacement")
         limit = positive if not self.replacement else _validate.MAX_LENGTH
         if num_samples is None:
             num_samples = self._n if self.replacement else positive
@@ -121,7 +126,7 @@ class WeightedDistributedSampler(_ShardSampler):
         self.weights_checksum = int(checksum)
         self.shuffle = True
         if self.replacement:
-            self._table: Any = _core.AliasTable(w, total)
+            self._table: Any = table
             self._weights: np.ndarray | None = None  # the table replaces them
         else:
             self._table = None
