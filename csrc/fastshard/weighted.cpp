@@ -73,45 +73,40 @@ struct Partial {
 
 inline bool valid_weight(double v) noexcept { return v >= 0.0 && v <= std::numeric_limits<double>::max(); }
 
-// Blocks first / kSumBlock .. + L - 1, `len` items each from item `first` on: each block's sum
-// into sums[], added left to right (the rounding the sum is defined by), the rest into p. The
-// L blocks are read side by side, item i of each in turn, so that the L chains of dependent
-// additions overlap instead of each waiting on the previous addition.
-template <int L>
-void summarize_blocks(const double* w, std::uint64_t first, std::uint64_t len, double* sums,
-                      Partial& p) noexcept {
-    double s[L];
-    for (int l = 0; l < L; ++l) s[l] = 0.0;
+// The block of `len` items from item `first`: its sum, added left to right (the rounding the
+// sum is defined by), returned; the rest into p. The checksum's hashing is independent of the
+// chain of additions and overlaps it.
+double summarize_block(const double* w, std::uint64_t first, std::uint64_t len, Partial& p) noexcept {
+    double sum = 0.0;
     std::uint64_t positive = 0, checksum = 0;
+    std::uint64_t position_hash = first * kGolden;  // k * kGolden for item k, by additions
     double max = p.max, min_positive = p.min_positive;
     bool bad = false;
-    for (std::uint64_t i = 0; i < len; ++i) {
-        for (int l = 0; l < L; ++l) {
-            const std::uint64_t k = first + static_cast<std::uint64_t>(l) * kSumBlock + i;
-            const double v = w[k];
-            bad |= !valid_weight(v);
-            s[l] += v;
-            positive += v > 0.0 ? 1 : 0;
-            max = v > max ? v : max;
-            min_positive = ((v > 0.0) & (v < min_positive)) ? v : min_positive;
-            std::uint64_t bits;
-            std::memcpy(&bits, &v, sizeof bits);
-            checksum += mix64(bits + k * kGolden);
-        }
+    for (std::uint64_t k = first; k < first + len; ++k) {
+        const double v = w[k];
+        bad |= !valid_weight(v);
+        sum += v;
+        positive += v > 0.0 ? 1 : 0;
+        max = v > max ? v : max;
+        min_positive = ((v > 0.0) & (v < min_positive)) ? v : min_positive;
+        std::uint64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        checksum += mix64(bits + position_hash);
+        position_hash += kGolden;
     }
-    for (int l = 0; l < L; ++l) sums[l] = s[l];
     p.positive += positive;
     p.checksum += checksum;
     p.max = max;
     p.min_positive = min_positive;
-    if (bad && p.first_invalid < 0) {  // rare: find the first invalid item of these blocks
-        for (std::uint64_t k = first; k < first + static_cast<std::uint64_t>(L) * len; ++k) {
+    if (bad && p.first_invalid < 0) {  // rare: find the block's first invalid item
+        for (std::uint64_t k = first; k < first + len; ++k) {
             if (!valid_weight(w[k])) {
                 p.first_invalid = static_cast<std::int64_t>(k);
                 break;
             }
         }
     }
+    return sum;
 }
 
 }  // namespace
@@ -124,14 +119,9 @@ WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned thre
     parallel_for(blocks, static_cast<unsigned>(parts.size()), 64,
                  [&](unsigned part, std::uint64_t b0, std::uint64_t count) {
                      Partial p;
-                     std::uint64_t b = b0;
-                     const std::uint64_t full_end = std::min(b0 + count, n / kSumBlock);
-                     constexpr int kLanes = 4;
-                     for (; b + kLanes <= full_end; b += kLanes)
-                         summarize_blocks<kLanes>(w, b * kSumBlock, kSumBlock, sums.data() + b, p);
-                     for (; b < b0 + count; ++b) {
+                     for (std::uint64_t b = b0; b < b0 + count; ++b) {
                          const std::uint64_t len = std::min(kSumBlock, n - b * kSumBlock);
-                         summarize_blocks<1>(w, b * kSumBlock, len, sums.data() + b, p);
+                         sums[static_cast<std::size_t>(b)] = summarize_block(w, b * kSumBlock, len, p);
                      }
                      parts[part] = p;
                  });
