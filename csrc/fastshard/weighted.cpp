@@ -49,10 +49,6 @@ std::uint64_t to_threshold(double q) noexcept {
     return t >= 4294967295.0 ? kFull - 1 : static_cast<std::uint64_t>(t);
 }
 
-}  // namespace
-
-namespace {
-
 // What a run of blocks contributes to a WeightsSummary besides the blocks' sums.
 struct Partial {
     std::int64_t first_invalid = -1;
