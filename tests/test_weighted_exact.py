@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 import fastshard
@@ -192,3 +194,39 @@ def test_errors_in_fill_threads_and_the_iterator_are_python_exceptions():
     )
     names = out.split()
     assert names == ["MemoryError"] * 6 + ["RuntimeError"] * 6
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 2**20), min_size=1, max_size=300).filter(any),
+    # Half of the shifts in the subnormal range, where scale-dependence would show.
+    shift=st.one_of(st.integers(-1074, -1000), st.integers(-999, 980)),
+    replacement=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_any_exact_power_of_two_scaling_changes_no_draw(weights, shift, replacement, seed):
+    # Integers below 2^20 times 2^shift, shift >= -1074, are exact doubles (multiples of the
+    # smallest subnormal), and their sum stays finite for shift <= 980.
+    w = np.array(weights, dtype=np.float64)
+    scaled = np.ldexp(w, shift)
+    assert np.array_equal(np.ldexp(scaled, -shift), w)
+    k = int(np.count_nonzero(w)) if not replacement else 500
+    assert np.array_equal(
+        draws(w, k, replacement, seed=seed), draws(scaled, k, replacement, seed=seed)
+    )
+
+
+def test_weights_near_the_largest_double_draw_as_small_ones():
+    # n / sum = 2 / (3 * 2^1022) is subnormal: the table is built from the normalised copy,
+    # which equals the weights [1, 2] times a power of two.
+    big = np.ldexp(np.array([1.0, 2.0]), 1022)
+    assert np.array_equal(draws(big, 10_000), draws([1.0, 2.0], 10_000))
+    assert np.array_equal(draws(big, 2, False), draws([1.0, 2.0], 2, False))
+
+
+def test_a_range_wider_than_the_exponents_keeps_the_large_items_exact():
+    # 1e-300 next to 1e300 underflows when normalised: it gets probability 0 (it had about
+    # 1e-600), and the other items keep their exact ratio.
+    t = _core.AliasTable(np.array([1e300, 1e-300, 3e300]))
+    assert t.probability(1) == 0.0
+    assert abs(t.probability(2) - 0.75) < 2**-30 and abs(t.probability(0) - 0.25) < 2**-30
