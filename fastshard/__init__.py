@@ -14,14 +14,18 @@ except ImportError as err:  # pragma: no cover - only without a build
     ) from err
 
 from ._distributed import InconsistentRanksError
+from ._frameworks import ReshardedError
 from ._sampler import BatchSampler, DistributedSampler
 from ._threads import get_num_threads, set_num_threads
+from ._warnings import EpochWarning
 from ._weighted import WeightedDistributedSampler
 
 __all__ = [
     "BatchSampler",
     "DistributedSampler",
+    "EpochWarning",
     "InconsistentRanksError",
+    "ReshardedError",
     "WeightedDistributedSampler",
     "__version__",
     "get_num_threads",

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._sampler import _ShardSampler
 
 # What every rank's sampler must agree on: its configuration (the part of a checkpoint that
 # must match: n, seed, order, ... or, for weighted sampling, the weights' checksum), then the
@@ -27,6 +24,19 @@ WIDTH = 16
 
 _U64 = 2**64
 _I64 = 2**63
+
+
+class Checked(Protocol):
+    """What the check reads of a sampler. A protocol rather than the sampler class, so that
+    this module does not import the samplers that import it."""
+
+    check_consistency: bool
+    epoch: int
+    num_replicas: int
+
+    def _config(self) -> dict[str, Any]: ...
+
+    def _resume_point(self) -> dict[str, Any]: ...
 
 
 class InconsistentRanksError(RuntimeError):
@@ -95,7 +105,7 @@ def _encode(value: Any) -> int:
     return _signed(int(value))  # bools become 0/1
 
 
-def _fields(sampler: _ShardSampler) -> dict[str, Any]:
+def _fields(sampler: Checked) -> dict[str, Any]:
     return {
         "sampler": type(sampler).__name__,
         **sampler._config(),
@@ -112,12 +122,20 @@ def _row(fields: dict[str, Any]) -> list[int]:
     return row + [0] * (WIDTH - len(row))
 
 
+# The kinds of sampler fastshard makes. A name longer than 8 bytes travels as a digest, so a
+# rank names another rank's kind from this table (a subclass of one shows as <0x...>).
+_KINDS = {_text_id(name): name for name in ("DistributedSampler", "WeightedDistributedSampler")}
+
+
 def _display(value: int, local: Any) -> Any:
-    """A received value in the form of the local one (the ranks' samplers share a type)."""
+    """A received value in the form of the local one (the ranks' samplers share a type once
+    their kinds agree; the kind itself is a sampler class name)."""
     if isinstance(local, bool):
         return bool(value)
     if isinstance(local, str):
-        return local if value == _text_id(local) else _text_name(value)
+        if value == _text_id(local):
+            return local
+        return _KINDS.get(value) or _text_name(value)
     return value % _U64 if value < 0 else value
 
 
@@ -142,7 +160,7 @@ def _describe(field: str, values: list[Any]) -> str:
     return f"{field}: " + "; ".join(f"{v!r} on {_ranks(rs)}" for v, rs in by_value.items())
 
 
-def check(sampler: _ShardSampler) -> None:
+def check(sampler: Checked) -> None:
     """Raise InconsistentRanksError on every rank unless all ranks' samplers agree.
 
     Runs at the start of each pass (each ``__iter__``, which a training loop calls once per
@@ -172,10 +190,17 @@ def check(sampler: _ShardSampler) -> None:
         }
     if fields:
         detail = "\n  ".join(_describe(f, vs) for f, vs in fields.items())
+        # The same message on every rank: with different kinds, no rank's own config names
+        # what must agree.
+        same = (
+            "the same kind of sampler, with the same configuration"
+            if "sampler" in fields
+            else f"its sampler with the same {', '.join(sampler._config())}"
+        )
         raise InconsistentRanksError(
             f"fastshard.{type(sampler).__name__}: the {world} ranks disagree on the sampler at "
             f"the start of an iteration (this is rank {dist.get_rank()}):\n  {detail}\n"
-            f"Every rank must build its sampler with the same {', '.join(sampler._config())} "
+            f"Every rank must build {same} "
             "and num_replicas, and be at the same epoch (set_epoch) and resume point before "
             "iterating. Raised on every rank; pass "
             "check_consistency=False (on every rank) to turn the check off.",

@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
+from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
-from . import _core, _distributed, _state, _validate, _world
+from . import _core, _distributed, _frameworks, _state, _validate, _world
+from ._warnings import EpochWarning
 
 ORDERS = ("feistel", "torch", "block")
 
@@ -17,14 +19,23 @@ ORDERS = ("feistel", "torch", "block")
 _TORCH_SEED_MIN, _TORCH_SEED_MAX = -(2**63), 2**64 - 1
 
 
-class _ShardSampler(Sampler[int]):
+class _ShardSampler(_TorchDistributedSampler[int]):
     """What every fastshard sampler shares: the plan of an epoch over ranks, its checkpoint,
     and the ways to read it. Subclasses say how to build a pass's shard and what their
-    configuration is (the part of a checkpoint that must match)."""
+    configuration is (the part of a checkpoint that must match).
+
+    Every fastshard sampler is an instance of torch's ``DistributedSampler``, because that
+    is how frameworks recognise a sampler that already shards over ranks: Lightning,
+    Ray Train and Composer test ``isinstance(sampler, DistributedSampler)`` and otherwise wrap
+    the sampler in one more sharding layer, which silently trains each rank on a fraction
+    of its shard. torch's ``__init__`` is never run (it calls ``len(dataset)`` and needs the
+    process group); every attribute and method torch's class has is defined here instead.
+    """
 
     num_replicas: int
     rank: int
     shuffle: bool
+    dataset: Any  # torch's is a Dataset: here also range(n) for a length or for weights
     check_consistency: bool
     auto_epoch: bool = False
     _epoch_warned: bool = False
@@ -57,10 +68,12 @@ class _ShardSampler(Sampler[int]):
         """(length of the epoch's global sequence, drop_last, pad)."""
         raise NotImplementedError
 
-    def _lengths(self) -> tuple[int, int]:
-        """This pass's (num_samples, total_size), from the plan alone: no order is built."""
+    def _lengths(self, cursor: int | None = None) -> tuple[int, int]:
+        """This pass's (num_samples, total_size), from the plan alone: no order is built.
+        With ``cursor=0``: a whole epoch's."""
         n, drop_last, pad = self._plan_args()
-        return _core.plan_lengths(n, self.num_replicas, self.rank, drop_last, pad, self._cursor)
+        cursor = self._cursor if cursor is None else cursor
+        return _core.plan_lengths(n, self.num_replicas, self.rank, drop_last, pad, cursor)
 
     def _start_pass(self, epoch: int = 0, cursor: int = 0, rnd: _state.Round | None = None) -> None:
         self.epoch = epoch
@@ -77,7 +90,9 @@ class _ShardSampler(Sampler[int]):
     def _begin_iteration(self) -> None:
         """At the start of every iteration (of this sampler, or of a BatchSampler over it):
         after a pass that ran to its end, with no set_epoch or load_state_dict since, advance
-        the epoch (auto_epoch) or warn once that the same order comes again."""
+        the epoch (auto_epoch) or warn once that the same order comes again. First of all,
+        refuse to run under a framework layer that would shard this rank's shard again."""
+        _frameworks.check_not_resharded(self)
         it = self._iterator
         if (
             self.auto_epoch
@@ -100,8 +115,9 @@ class _ShardSampler(Sampler[int]):
                 "which the previous iteration already yielded to its end, so it repeats the same "
                 "order. Call sampler.set_epoch(epoch) before each epoch (as with torch's "
                 "DistributedSampler), or build the sampler with auto_epoch=True to advance the "
-                "epoch on each new iteration. (Warned once per sampler.)",
-                UserWarning,
+                "epoch on each new iteration. (Warned once per sampler; filter it with "
+                "warnings.filterwarnings('ignore', category=fastshard.EpochWarning).)",
+                EpochWarning,
                 stacklevel=3,
             )
 
@@ -163,6 +179,12 @@ class _ShardSampler(Sampler[int]):
         else:
             consumed = _validate.integer(consumed, "consumed")
         cursor, rnd = self._resume_after(consumed)
+        n = self._plan_args()[0]
+        if cursor > n:
+            # Padding ran past the epoch's end: cursor + total_size reaches n + W - 1, which
+            # can pass the 2**63 - 1 a state may hold. Any cursor >= n leaves nothing on any
+            # number of ranks, so the exhausted pass is saved as n, which always loads.
+            cursor, rnd = n, None
         return _state.make(self._config(), self.epoch, cursor, rnd)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -177,17 +199,30 @@ class _ShardSampler(Sampler[int]):
         self._start_pass(epoch, cursor, rnd)
 
     # -- torch's attributes -----------------------------------------------------------------
+    # A whole epoch's lengths, also while a resumed pass yields only the rest of its epoch:
+    # a framework that resumes mid-epoch (Lightning with a stateful loader) counts the
+    # epoch's batches from len() and the batches it has already run from its checkpoint, so
+    # a len() of only the rest would end the resumed epoch early.
+    # torch's two are plain attributes; here they are derived from the plan, read-only.
     @property
-    def num_samples(self) -> int:
+    def num_samples(self) -> int:  # type: ignore[override]
         """This rank's number of indices per epoch."""
-        return self._lengths()[0]
+        return self._lengths(0)[0]
 
     @property
-    def total_size(self) -> int:
+    def total_size(self) -> int:  # type: ignore[override]
         """Indices per epoch over all ranks (``num_samples * num_replicas`` unless pad=False)."""
-        return self._lengths()[1]
+        return self._lengths(0)[1]
 
     def __len__(self) -> int:
+        """This rank's number of indices per epoch, as torch's sampler: the whole epoch's,
+        also after ``load_state_dict`` (the resumed pass yields only the rest)."""
+        return self._lengths(0)[0]
+
+    @property
+    def remaining(self) -> int:
+        """This rank's number of indices in the current pass, in O(1): ``len(self)``, or
+        after ``load_state_dict`` what is left of the saved epoch on this rank."""
         return self._lengths()[0]
 
     # -- access -----------------------------------------------------------------------------
@@ -231,7 +266,7 @@ class DistributedSampler(_ShardSampler):
     Parameters
     ----------
     dataset : Sized or int
-        The dataset, or its length.
+        The dataset, or its length (the attribute ``dataset`` is then ``range(length)``).
     num_replicas, rank : int, optional
         Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
     shuffle : bool
@@ -296,8 +331,10 @@ class DistributedSampler(_ShardSampler):
         window: int | None = None,
         auto_epoch: bool = False,
     ) -> None:
-        self.dataset = dataset
         self._n = _validate.length(dataset)
+        # torch's attribute: the dataset, or for a length a lazy range of that many items,
+        # so that torch code reading len(sampler.dataset) still works.
+        self.dataset = range(self._n) if isinstance(dataset, (int, np.integer)) else dataset
         self.shuffle = _validate.flag(shuffle, "shuffle")
         self.pad = _validate.flag(pad, "pad")
         if not isinstance(order, str) or order not in ORDERS:
@@ -332,9 +369,9 @@ class DistributedSampler(_ShardSampler):
     def _plan_args(self) -> tuple[int, bool, bool]:
         return self._n, self.drop_last, self.pad
 
-    def _lengths(self) -> tuple[int, int]:
-        if self.order != "block":
-            return super()._lengths()
+    def _lengths(self, cursor: int | None = None) -> tuple[int, int]:
+        if self.order != "block" or cursor == 0:
+            return super()._lengths(cursor)
         # After an interrupted round the rest is not n - cursor: ask the shard (cheap to
         # build for this order: O(1) but for a table of at most 1024 words).
         shard = self._current()
@@ -431,6 +468,20 @@ class BatchSampler(Sampler[list[int]]):
 
     def __init__(self, sampler: _ShardSampler, batch_size: int, drop_last: bool = False) -> None:
         if not isinstance(sampler, _ShardSampler):
+            if isinstance(sampler, _TorchDistributedSampler):
+                # Lightning (Trainer(use_distributed_sampler=True), its default) rebuilds a
+                # DataLoader's batch_sampler around a torch DistributedSampler of its own,
+                # dropping the fastshard sampler the batches were built from.
+                raise TypeError(
+                    "fastshard.BatchSampler was given torch's "
+                    f"{type(sampler).__name__}, not a fastshard sampler. If a framework built "
+                    "it (Lightning replaces the sampler inside a DataLoader's batch_sampler "
+                    "unless Trainer(use_distributed_sampler=False)), pass the fastshard sampler "
+                    "as DataLoader(dataset, sampler=fastshard_sampler, batch_size=B) instead, "
+                    "which Lightning keeps as it is, or build the Trainer with "
+                    "use_distributed_sampler=False. See "
+                    "https://github.com/fastshard/fastshard/blob/main/docs/frameworks.md#lightning"
+                )
             raise TypeError(
                 "sampler must be a fastshard sampler, got "
                 f"{type(sampler).__name__}; use torch.utils.data.BatchSampler for other samplers"
@@ -454,7 +505,7 @@ class BatchSampler(Sampler[list[int]]):
         )
         if b < 0:
             raise ValueError(f"consumed_batches must be >= 0, got {b}")
-        return self.sampler.state_dict(min(b * self.batch_size, len(self.sampler)))
+        return self.sampler.state_dict(min(b * self.batch_size, self.sampler._lengths()[0]))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the saved batch boundary (see DistributedSampler.load_state_dict)."""

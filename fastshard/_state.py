@@ -2,7 +2,10 @@
 
 It records the sampler's configuration, the epoch and the global cursor: how many positions
 of the epoch's global sequence all ranks together have consumed. Any rank's state restores
-every rank, on the same or another number of ranks.
+every rank, on the same or another number of ranks. The cursor is at most n (the epoch's
+length): with padding, the positions consumed by the end of a pass reach n + W - 1, which can
+exceed 2**63 - 1, so a pass that padded past the end is saved with cursor = n. Any cursor >= n
+leaves nothing on any number of ranks, so states saved with the larger cursor still load.
 
 The block order (a config with ``block_size``) adds ``round``: None, or the round of chunks
 that was interrupted at the cursor, as a dict of five ints (see csrc/fastshard/block.hpp):

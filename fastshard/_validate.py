@@ -32,28 +32,55 @@ def in_range(value: Any, name: str, low: int, high: int) -> int:
 
 
 def flag(value: Any, name: str) -> bool:
-    """A bool (Python or NumPy); anything else is refused rather than judged by truthiness."""
+    """A flag: ``True``/``False``, a NumPy bool, or the integers 0 and 1 (Python or NumPy).
+
+    torch reads its flags by truth value, so code written for it may pass 0 and 1; those mean
+    one thing only and are taken. Anything else (strings, floats, None, other integers) is
+    refused rather than judged by truthiness: ``"False"`` or ``2`` is a mistake, not a flag.
+    The message starts with torch's own wording for a bad flag.
+    """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    start = f"{name} should be a boolean value, but got {name}={value}"
+    if isinstance(value, (int, np.integer)):
+        if value == 0 or value == 1:
+            return bool(value)
+        raise ValueError(f"{start}: an integer flag must be 0 or 1")
+    raise TypeError(
+        f"{start} ({type(value).__name__}): pass True or False (0 and 1 and NumPy bools are "
+        "taken too)"
+    )
 
 
 def length(dataset: Any) -> int:
-    """The number of items of a Sized object or an int length, in [0, 2**63 - 1]."""
-    if isinstance(dataset, (bool, np.bool_)):
-        raise TypeError("dataset must be a Sized object or an int length, got bool")
-    try:
-        n = operator.index(dataset)
-    except TypeError:
-        len_method = getattr(type(dataset), "__len__", None)
-        if len_method is None:
+    """The number of items of a dataset, or a length given as an int, in [0, 2**63 - 1].
+
+    Anything with ``__len__`` is a dataset, whatever else it is: a one-element integer tensor
+    or array has ``len() == 1`` (as torch's sampler sees it), not the length its value would
+    say. Only a plain int or a NumPy integer scalar stands for a length (never a bool).
+    """
+    len_method = getattr(type(dataset), "__len__", None)
+    if len_method is None:
+        if isinstance(dataset, (bool, np.bool_)):
+            raise TypeError("dataset must be a Sized object or an int length, got bool")
+        if not isinstance(dataset, (int, np.integer)):
             raise TypeError(
                 "dataset must be a Sized object (with __len__) or an int length, "
                 f"got {type(dataset).__name__}"
-            ) from None
+            )
+        n = int(dataset)
+    else:
         # Called directly rather than through len(), which cannot return 2**63 or more and
         # would hide a huge length behind an OverflowError.
-        n = integer(len_method(dataset), "len(dataset)")
+        try:
+            size = len_method(dataset)
+        except TypeError as err:
+            # e.g. a 0-d tensor or array: a class with __len__ whose instance has no length
+            raise TypeError(
+                f"dataset must be a Sized object or an int length; len() of this "
+                f"{type(dataset).__name__} fails: {err}"
+            ) from err
+        n = integer(size, "len(dataset)")
     if not 0 <= n <= MAX_LENGTH:
         raise ValueError(f"dataset length must be in [0, 2**63 - 1], got {n}")
     return n

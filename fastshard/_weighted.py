@@ -5,24 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from . import _core, _validate
 from ._sampler import _ShardSampler
 
 
-def _as_float64(weights: Any) -> np.ndarray:
-    """The weights as a contiguous 1-D float64 array, converted without a Python loop."""
-    try:
-        import torch
+def _as_float64(weights: Any, copy: bool = False) -> np.ndarray:
+    """The weights as a contiguous 1-D float64 array, converted without a Python loop.
 
-        if isinstance(weights, torch.Tensor):
-            if weights.device.type != "cpu":
-                raise TypeError(
-                    f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first"
-                )
-            weights = weights.detach().numpy()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    ``copy=True``: always a new array, never a view of the caller's array or tensor (which
+    ``np.ascontiguousarray`` and ``Tensor.numpy()`` return for float64 input).
+    """
+    if isinstance(weights, torch.Tensor):
+        if weights.device.type != "cpu":
+            raise TypeError(
+                f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first"
+            )
+        weights = weights.detach().numpy()
     if isinstance(weights, (str, bytes)):
         raise TypeError("weights must be a 1-D sequence of numbers, got a string")
     try:
@@ -37,7 +37,35 @@ def _as_float64(weights: Any) -> np.ndarray:
         raise ValueError(f"weights must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("weights must not be empty")
+    if copy:
+        return np.array(arr, dtype=np.float64, order="C", copy=True)
     return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def _num_draws(num_samples: Any, replacement: bool, n: int, positive: int) -> int:
+    """The epoch's global number of draws: ``num_samples``, by default n with replacement and
+    the number of positive weights without. A bad value gets torch's WeightedRandomSampler
+    message first, then what is wrong with it."""
+    if num_samples is None:
+        return n if replacement else positive
+    torch_says = (
+        f"num_samples should be a positive integer value, but got num_samples={num_samples}"
+    )
+    try:
+        k = _validate.integer(num_samples, "num_samples")
+    except TypeError as err:
+        raise TypeError(f"{torch_says}: {err}") from None
+    if k < 1:
+        raise ValueError(torch_says)
+    if not replacement and k > positive:
+        # torch finds this only when it draws (a RuntimeError from torch.multinomial)
+        raise ValueError(
+            f"num_samples must be at most the number of positive weights ({positive}) "
+            f"without replacement, got {k}"
+        )
+    if k > _validate.MAX_LENGTH:
+        raise ValueError(f"num_samples must be in [1, 2**63 - 1], got {k}")
+    return k
 
 
 class WeightedDistributedSampler(_ShardSampler):
@@ -90,10 +118,14 @@ class WeightedDistributedSampler(_ShardSampler):
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
-        w = _as_float64(weights)
         self.replacement = _validate.flag(replacement, "replacement")
-        # With replacement, the check, the checksum and the table in one C++ call (one pass
-        # over the weights fewer); the table is None if the checks below fail.
+        # Without replacement the sampler keeps the weights for every epoch: it owns a copy,
+        # so later edits to the caller's array or tensor change no draw, cannot bypass the
+        # validation below or leave the checksum stale, and cannot race with the C++ reader
+        # (which runs without the GIL). With replacement only the alias table is kept: the
+        # check, the checksum and the table in one C++ call (one pass over the weights fewer);
+        # the table is None if the checks below fail.
+        w = _as_float64(weights, copy=not self.replacement)
         if self.replacement:
             first_invalid, total, positive, checksum, table = _core.weights_table(w)
         else:
@@ -109,17 +141,17 @@ class WeightedDistributedSampler(_ShardSampler):
         if not np.isfinite(total):
             raise ValueError("the sum of the weights overflows float64; scale them down")
         self._n = len(w)
-        limit = positive if not self.replacement else _validate.MAX_LENGTH
-        if num_samples is None:
-            num_samples = self._n if self.replacement else positive
-        self.num_draws = _validate.integer(num_samples, "num_samples")
-        if not 1 <= self.num_draws <= limit:
-            why = (
-                f"the number of positive weights ({positive}) without replacement"
-                if not self.replacement
-                else "2**63 - 1"
+        # torch's DistributedSampler has a `dataset`, and code that finds an instance of it
+        # may read len(sampler.dataset): the items the draws index, as a lazy range.
+        self.dataset = range(self._n)
+        self.num_draws = _num_draws(num_samples, self.replacement, self._n, positive)
+        if isinstance(num_replicas, torch.Generator):
+            # WeightedRandomSampler(weights, num_samples, replacement, generator) positionally
+            raise TypeError(
+                "WeightedDistributedSampler takes no generator: its fourth argument is "
+                "num_replicas. Its draws come from seed and the epoch, the same on every rank "
+                "and in every resumed run; pass seed=... instead of a torch.Generator"
             )
-            raise ValueError(f"num_samples must be in [1, {limit}] ({why}), got {self.num_draws}")
         self._set_shared_arguments(
             num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
         )

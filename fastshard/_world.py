@@ -32,18 +32,35 @@ def _from_env(var: str, arg: str) -> int:
 
 
 def resolve(num_replicas: object, rank: object) -> tuple[int, int]:
-    """num_replicas and rank, each from the argument, else the process group, else torchrun's env."""
+    """num_replicas and rank, each from the argument, else the process group, else torchrun's env.
+
+    A bad value gets torch's message first (code written for torch matches on "Invalid rank"),
+    then ours: where the value came from and what is wrong with it.
+    """
     group = _process_group() if num_replicas is None or rank is None else None
+    where = "the process group" if group else "the environment"
     if num_replicas is None:
         w = group[0] if group else _from_env("WORLD_SIZE", "num_replicas")
+        w_from = f" (num_replicas from {where})"
     else:
         w = _validate.integer(num_replicas, "num_replicas")
-    if not 1 <= w <= _validate.MAX_LENGTH:
-        raise ValueError(f"num_replicas must be in [1, 2**63 - 1], got {w}")
+        w_from = ""
     if rank is None:
         r = group[1] if group else _from_env("RANK", "rank")
+        r_from = f" (rank from {where})"
     else:
         r = _validate.integer(rank, "rank")
+        r_from = ""
+    # torch has no check of its own for num_replicas: below 1 its rank check fails, so its
+    # message is the invalid rank one; above 2**63 - 1 it says nothing (we cannot take it).
+    torch_says = f"Invalid rank {r}, rank should be in the interval [0, {w - 1}]"
+    if w < 1:
+        raise ValueError(f"{torch_says}: num_replicas must be at least 1, got {w}{w_from}")
+    if w > _validate.MAX_LENGTH:
+        raise ValueError(f"num_replicas must be in [1, 2**63 - 1], got {w}{w_from}")
     if not 0 <= r < w:
-        raise ValueError(f"rank must be in [0, num_replicas - 1] = [0, {w - 1}], got {r}")
+        raise ValueError(
+            f"{torch_says}: rank must be in [0, num_replicas - 1] with num_replicas = {w}, "
+            f"got {r}{r_from}"
+        )
     return w, r

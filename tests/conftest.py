@@ -1,9 +1,17 @@
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 
 import pytest
+
+# Tests that read /proc (VmHWM, VmRSS, VmSize) or use `resource` limits: Linux only. The wheel
+# workflow runs the suite on macOS and Windows too, where neither exists (or means the same).
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc or sets resource limits (Linux)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +50,53 @@ def child_peak_growth_kib(code: str) -> int:
         "base = hwm()\n" + code + "\nprint(hwm() - base)\n"
     )
     return int(out)
+
+
+# -- launching process groups ---------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment without a launcher's rank variables, on the loopback."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End a child started with start_new_session=True, and everything it started."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run a launcher (torchrun, a framework's script) in its own process group, outside the
+    source tree; (exit code, stdout and stderr). A run past ``timeout`` fails the test, and
+    the whole group is killed whatever happens."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env() if env is None else env,
+        cwd=tempfile.gettempdir(),  # never import fastshard from the source tree
+        start_new_session=True,  # its own process group, every rank and worker included
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, _ = proc.communicate()
+        pytest.fail(
+            f"{' '.join(cmd[:4])} ... did not finish in {timeout} s (a hang?):\n{out[-3000:]}"
+        )
+    finally:
+        kill_group(proc)
+    return proc.returncode, out

@@ -251,6 +251,47 @@ def guard_weights() -> dict[str, Any]:
     return out
 
 
+def guard_checkpoint_on_some_ranks() -> dict[str, Any]:
+    """The last rank forgot load_state_dict: it is at epoch 0, from the start."""
+    donor = DistributedSampler(1000, check_consistency=False)
+    donor.set_epoch(3)
+    state = donor.state_dict(consumed=10)
+    s = DistributedSampler(1000)
+    if RANK != WORLD - 1:
+        s.load_state_dict(state)
+    out = _expect_raise(lambda: list(s))
+    out["cursor"] = state["cursor"]
+    return out
+
+
+def guard_num_replicas() -> dict[str, Any]:
+    """Rank 0 was told one more replica than the group has."""
+    s = DistributedSampler(1000, num_replicas=WORLD + 1 if RANK == 0 else WORLD, rank=RANK)
+    return _expect_raise(lambda: list(s))
+
+
+def guard_sampler_kind() -> dict[str, Any]:
+    """Rank 0 samples uniformly, the others by weight (the same n and seed)."""
+    if RANK == 0:
+        s: Any = DistributedSampler(1000)
+    else:
+        s = WeightedDistributedSampler(np.ones(1000))
+    return _expect_raise(lambda: list(s))
+
+
+def guard_block_round() -> dict[str, Any]:
+    """The block order: the same cursor, but the last rank's interrupted round differs."""
+    kw: dict[str, Any] = dict(order="block", block_size=4, window=2, seed=29)
+    donor = DistributedSampler(300, 3, 0, check_consistency=False, **kw)
+    state = donor.state_dict(consumed=11)
+    other = {**state, "round": {**state["round"], "offset": state["round"]["offset"] - 1}}
+    s = DistributedSampler(300, **kw)
+    s.load_state_dict(other if RANK == WORLD - 1 else state)
+    out = _expect_raise(lambda: list(s))
+    out["codes"] = [fastshard._state.round_code(tuple(x["round"].values())) for x in (state, other)]
+    return out
+
+
 def guard_off() -> dict[str, Any]:
     s = DistributedSampler(1000 + RANK, check_consistency=False)
     s.set_epoch(RANK)
@@ -294,6 +335,10 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         guard_two_fields,
         guard_in_loader,
         guard_weights,
+        guard_checkpoint_on_some_ranks,
+        guard_num_replicas,
+        guard_sampler_kind,
+        guard_block_round,
         guard_off,
         guard_pickles,
         seed_none,

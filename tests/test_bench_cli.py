@@ -12,6 +12,8 @@ import torch
 import fastshard
 from fastshard import _bench
 
+from .conftest import linux_only
+
 
 def _bench_cli(cwd, *args, prelude=""):
     # Outside the source tree, so that the children and the parent import the installed package.
@@ -35,6 +37,7 @@ def _rows(table, n_label):
     return rows
 
 
+@linux_only
 def test_quick_run_prints_the_table_and_writes_its_files(tmp_path):
     out = tmp_path / "out"
     proc = _bench_cli(
@@ -102,6 +105,7 @@ def test_runs_without_the_optional_extras_and_says_what_it_skipped(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "table.md"]
 
 
+@linux_only
 def test_a_child_past_the_memory_limit_or_the_timeout_is_killed():
     # A list of 1e7 ints needs about 360 MiB; the watchdog stops it at 64 MiB.
     spec = {"sampler": "list", "mode": "iter", "n": 10**7, "world": 1, "rank": 0, "repeat": 1}

@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchSampler
 import fastshard
 from fastshard import BatchSampler, DistributedSampler
 
-from .conftest import child_peak_growth_kib, run_python
+from .conftest import child_peak_growth_kib, linux_only, run_python
 
 
 def perm(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
@@ -162,6 +162,7 @@ def test_huge_n(n):
     assert [s[k] for k in range(0, 1000, 97)] == head[::97].tolist()
 
 
+@linux_only
 def test_huge_n_allocates_nothing_proportional_to_n():
     # Peak memory of a child that takes 1000 indices at n = 2**63 - 1 stays near its baseline.
     growth = child_peak_growth_kib(
@@ -272,7 +273,9 @@ class BadLen:
         (dict(order="random"), ValueError, "order"),
         (dict(order=None), ValueError, "order"),
         (dict(shuffle="yes"), TypeError, "shuffle"),
-        (dict(drop_last=1), TypeError, "drop_last"),
+        (dict(drop_last=2), ValueError, "drop_last should be a boolean value"),
+        (dict(drop_last=-1), ValueError, "drop_last"),
+        (dict(shuffle=1.0), TypeError, "shuffle should be a boolean value"),
         (dict(pad=None), TypeError, "pad"),
     ],
 )

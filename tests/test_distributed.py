@@ -9,10 +9,7 @@ process group when it runs out, so a hang fails a test instead of blocking the s
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,34 +21,15 @@ import pytest
 import fastshard
 from fastshard import DistributedSampler, InconsistentRanksError, WeightedDistributedSampler
 
+from .conftest import child_env, free_port, kill_group, launch
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "dist_worker.py"
 EXAMPLE = HERE.parent / "examples" / "train_ddp.py"
 LAUNCH_TIMEOUT = 420  # seconds for one world's whole run; a hang fails the launch
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    return env
-
-
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-
-
-def launch(world: int, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def launch_world(world: int, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Run `world` ranks of dist_worker.py; each rank's {scenario: result}."""
     port = free_port()
     procs = [
@@ -101,7 +79,7 @@ def launch(world: int, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
 def world(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, Any]]]:
     w = request.param
     # Spawned DataLoader workers each import torch again: one world size covers them.
-    return w, launch(w, skip=("loader_spawn",) if w != 2 else ())
+    return w, launch_world(w, skip=("loader_spawn",) if w != 2 else ())
 
 
 def results(world: tuple[int, list[dict[str, Any]]], name: str) -> tuple[int, list[dict[str, Any]]]:
@@ -203,6 +181,34 @@ def test_guard_compares_the_weights_checksum(world):
         assert len(set(sums[:-1])) == 1 and sums[-1] != sums[0]
 
 
+def test_guard_catches_a_checkpoint_loaded_on_some_ranks(world):
+    w, res = results(world, "guard_checkpoint_on_some_ranks")
+    cursor = res[0]["cursor"]
+    assert cursor == 10 * w
+    assert_raised_everywhere(
+        res, {"epoch": [3] * (w - 1) + [0], "cursor": [cursor] * (w - 1) + [0]}
+    )
+
+
+def test_guard_catches_a_different_num_replicas(world):
+    w, res = results(world, "guard_num_replicas")
+    assert_raised_everywhere(res, {"num_replicas": [w + 1] + [w] * (w - 1)})
+
+
+def test_guard_catches_different_kinds_of_sampler(world):
+    # Every rank names both kinds, although a name longer than 8 bytes travels as a digest.
+    w, res = results(world, "guard_sampler_kind")
+    kinds = ["DistributedSampler"] + ["WeightedDistributedSampler"] * (w - 1)
+    assert_raised_everywhere(res, {"sampler": kinds})
+
+
+def test_guard_catches_a_different_block_round(world):
+    w, res = results(world, "guard_block_round")
+    same, other = res[0]["codes"]
+    assert same != other and 0 not in (same, other)
+    assert_raised_everywhere(res, {"round": [same] * (w - 1) + [other]})
+
+
 def test_guard_off(world):
     w, res = results(world, "guard_off")
     # Different lengths and epochs, no error: and no collective either (the sentinel agrees).
@@ -242,10 +248,21 @@ def test_no_process_group_no_check():
     assert len(list(a)) == 5 and len(list(b)) == 6
 
 
+def test_the_check_names_every_kind_of_sampler():
+    # Names longer than 8 bytes travel as digests: each fastshard kind must be in the table.
+    from fastshard import _distributed
+
+    for cls in (DistributedSampler, WeightedDistributedSampler):
+        assert _distributed._display(_distributed._text_id(cls.__name__), "x") == cls.__name__
+
+
 def test_check_consistency_is_a_flag():
     assert DistributedSampler(10, 2, 0).check_consistency is True
+    assert DistributedSampler(10, 2, 0, check_consistency=0).check_consistency is False
+    with pytest.raises(ValueError, match="check_consistency"):
+        DistributedSampler(10, 2, 0, check_consistency=2)
     with pytest.raises(TypeError, match="check_consistency"):
-        DistributedSampler(10, 2, 0, check_consistency=1)
+        DistributedSampler(10, 2, 0, check_consistency="no")
 
 
 def test_error_type_is_exported_and_pickles():
@@ -262,22 +279,7 @@ def run_example(*args: str) -> tuple[int, str]:
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
         "--master_addr=127.0.0.1", f"--master_port={port}", str(EXAMPLE), *args,
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=child_env(),
-        cwd=tempfile.gettempdir(),
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the example did not finish in {LAUNCH_TIMEOUT} s")
-    finally:
-        kill_group(proc)
-    return proc.returncode, out
+    return launch(cmd, LAUNCH_TIMEOUT)
 
 
 def test_example_under_torchrun():

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastshard import BatchSampler, DistributedSampler, WeightedDistributedSampler
+import fastshard
+from fastshard import BatchSampler, DistributedSampler, EpochWarning, WeightedDistributedSampler
 
 MATCH = r"set_epoch\(epoch\).*auto_epoch=True"
 
@@ -44,7 +45,7 @@ def test_warns_once_when_a_finished_epoch_repeats(kind):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         first = list(s)  # the first pass never warns
-    with pytest.warns(UserWarning, match=MATCH) as record:
+    with pytest.warns(EpochWarning, match=MATCH) as record:
         second = list(s)
     assert len(record) == 1 and "epoch 0" in str(record[0].message)
     assert record[0].filename == __file__  # points at the loop that repeats the epoch
@@ -93,10 +94,31 @@ def test_a_second_distinct_sampler_warns_on_its_own():
     a, b = DistributedSampler(30, 1, 0), DistributedSampler(30, 1, 0)
     list(a)
     list(b)
-    with pytest.warns(UserWarning, match=MATCH):
+    with pytest.warns(EpochWarning, match=MATCH):
         list(a)
-    with pytest.warns(UserWarning, match=MATCH):
+    with pytest.warns(EpochWarning, match=MATCH):
         list(b)
+
+
+def test_epoch_warning_is_its_own_category():
+    # A UserWarning, so that default filters show it, and a class of its own, so that a suite
+    # run with warnings as errors (torch's reproducibility test iterates a sampler twice) can
+    # silence exactly it, as the README says.
+    assert issubclass(EpochWarning, UserWarning) and EpochWarning is not UserWarning
+    assert fastshard.EpochWarning is EpochWarning and "EpochWarning" in fastshard.__all__
+    s = DistributedSampler(40, 2, 1, seed=9)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        list(s)
+        list(s)
+    assert [type(w.message) for w in record] == [EpochWarning]
+    s = DistributedSampler(40, 2, 1, seed=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=fastshard.EpochWarning)
+        assert list(s) == list(s)  # the repeat passes under -W error
+        with pytest.raises(UserWarning, match="other"):  # and only this category is silenced
+            warnings.warn("other", UserWarning, stacklevel=1)
 
 
 # -- BatchSampler -----------------------------------------------------------------------------
@@ -107,7 +129,7 @@ def test_batch_sampler_warns_when_its_finished_epoch_repeats(drop_last):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         first = list(b)
-    with pytest.warns(UserWarning, match=MATCH) as record:
+    with pytest.warns(EpochWarning, match=MATCH) as record:
         assert list(b) == first
     assert record[0].filename == __file__
 
@@ -116,12 +138,12 @@ def test_batch_sampler_and_sampler_share_the_pass():
     s = DistributedSampler(64, 2, 0, seed=1)
     b = BatchSampler(s, 5)
     list(s)
-    with pytest.warns(UserWarning, match=MATCH):  # the sampler's finished pass, then a batch pass
+    with pytest.warns(EpochWarning, match=MATCH):  # the sampler's finished pass, then a batch pass
         list(b)
     s2 = DistributedSampler(64, 2, 0, seed=1)
     b2 = BatchSampler(s2, 5)
     list(b2)
-    with pytest.warns(UserWarning, match=MATCH):  # a finished batch pass, then the sampler
+    with pytest.warns(EpochWarning, match=MATCH):  # a finished batch pass, then the sampler
         list(s2)
 
 
@@ -156,7 +178,7 @@ def test_dataloader_without_set_epoch_warns():
     s = DistributedSampler(data, 2, 0, seed=5)
     loader = DataLoader(data, sampler=s, batch_size=16)
     list(loader)
-    with pytest.warns(UserWarning, match=MATCH):
+    with pytest.warns(EpochWarning, match=MATCH):
         list(loader)
     s.set_epoch(1)
     with warnings.catch_warnings():
@@ -183,8 +205,11 @@ def test_auto_epoch_advances_after_each_finished_pass(kind):
 
 def test_auto_epoch_off_by_default_and_validated():
     assert DistributedSampler(10, 1, 0).auto_epoch is False
+    assert DistributedSampler(10, 1, 0, auto_epoch=1).auto_epoch is True  # a flag, as torch's
+    with pytest.raises(ValueError, match="auto_epoch"):
+        DistributedSampler(10, 1, 0, auto_epoch=2)
     with pytest.raises(TypeError, match="auto_epoch"):
-        DistributedSampler(10, 1, 0, auto_epoch=1)
+        DistributedSampler(10, 1, 0, auto_epoch=1.0)
     with pytest.raises(TypeError, match="auto_epoch"):
         WeightedDistributedSampler([1.0, 2.0], num_replicas=1, rank=0, auto_epoch="yes")
 

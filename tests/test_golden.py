@@ -1,4 +1,5 @@
-"""Golden vectors: the "feistel" order for fixed (n, seed, epoch) is a public contract.
+"""Golden vectors: the "feistel" and "block" orders and the weighted draws (with and without
+replacement) for fixed (n, seed, epoch, parameters) are public contracts.
 
 These literals were generated once from the order as released and pasted here; they are not
 derived by the test. If one of them changes, the order changed: a different order is a new
@@ -7,9 +8,10 @@ order name (see docs/DESIGN.md, "Versioning"), never an edit of these vectors.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from fastshard import DistributedSampler
+from fastshard import DistributedSampler, WeightedDistributedSampler
 
 
 def sampler(n: int, seed: int, epoch: int, world: int = 1, rank: int = 0) -> DistributedSampler:
@@ -260,3 +262,201 @@ def test_huge(key):
 
 def test_rank_of_many():
     assert sampler(10**9, 42, 3, world=8, rank=3).indices(0, 16).tolist() == RANK
+
+
+# -- the block order ----------------------------------------------------------------------------
+# DistributedSampler(n, W, rank, seed=seed, order="block", block_size=B, window=K,
+# shuffle=shuffle).set_epoch(epoch): the first 16 and the last 8 indices.
+BLOCK = {
+    (1000, 0, 0, 16, 1, 1, 0, True): (
+        [206, 192, 195, 207, 204, 198, 194, 205, 201, 200, 202, 193, 196, 199, 197, 203],
+        [345, 348, 349, 350, 346, 344, 351, 347],
+    ),
+    (1000, 1234567, 7, 10, 4, 1, 0, True): (
+        [284, 46, 842, 280, 840, 289, 282, 844, 47, 544, 545, 41, 843, 548, 44, 540],
+        [161, 153, 155, 237, 160, 508, 152, 504],
+    ),
+    (100_003, 42, 3, 64, 8, 4, 3, True): (
+        [
+            7564,
+            1768,
+            46069,
+            55758,
+            1743,
+            4292,
+            97954,
+            4325,
+            1773,
+            97927,
+            58701,
+            58747,
+            97963,
+            7569,
+            55763,
+            58692,
+        ],
+        [87906, 63029, 47681, 63602, 20633, 63005, 87883, 52914],
+    ),
+    (1000, 5, 1, 7, 3, 2, 1, False): (
+        list(range(21, 37)),  # unshuffled: rank 1 reads the second window of 21 items
+        list(range(992, 1000)),
+    ),
+}
+# The same at n = 2**63 - 1 (B = 2**20, K = 64, rank 5 of 8, seed 9, epoch 2): the first 16
+# indices and a few far positions.
+BLOCK_HUGE = (
+    [
+        7293731896174746032,
+        2148269213337947091,
+        7002261828070229126,
+        2545685005041775558,
+        3581881060566625367,
+        7846387162872044229,
+        6419618593864878351,
+        7652653435075255275,
+        4698397245928336158,
+        9189961947620746146,
+        4925520691801863678,
+        7768796745235541182,
+        7652653435075158718,
+        230735263443731358,
+        6333155358311255628,
+        1453221423928251747,
+    ],
+    {
+        10**6: 4136420970723450736,
+        2**40: 7952675847086270504,
+        2**60 - 1: 6251850863406295072,
+    },
+)
+
+
+def block_sampler(n, seed, epoch, B, K, world, rank, shuffle=True):
+    s = DistributedSampler(
+        n, world, rank, seed=seed, order="block", block_size=B, window=K, shuffle=shuffle
+    )
+    s.set_epoch(epoch)
+    return s
+
+
+@pytest.mark.parametrize("key", list(BLOCK))
+def test_block_head_and_tail(key):
+    head, tail = BLOCK[key]
+    s = block_sampler(*key)
+    assert s.indices(0, 16).tolist() == head and s.indices(-8).tolist() == tail
+    assert [s[k] for k in range(16)] == head
+
+
+def test_block_huge():
+    head, points = BLOCK_HUGE
+    s = block_sampler(2**63 - 1, 9, 2, 2**20, 64, 8, 5)
+    assert s.indices(0, 16).tolist() == head
+    assert {k: s[k] for k in points} == points
+
+
+# -- weighted draws -------------------------------------------------------------------------------
+# Ordinary weights at n < 2**19: "ramp" is 1, 2, ..., n; "pattern" is i % 7 (zero at every
+# multiple of 7). WeightedDistributedSampler(weights, num_samples, replacement, W, rank,
+# seed=seed).set_epoch(epoch).
+WEIGHTS = {
+    "ramp": lambda n: np.arange(1.0, n + 1.0),
+    "pattern": lambda n: (np.arange(n) % 7).astype(np.float64),
+}
+# With replacement: the first 16 and the last 8 draws of the rank.
+WITH_REPLACEMENT = {
+    ("ramp", 1000, 1000, 0, 0, 1, 0): (
+        [610, 981, 655, 404, 265, 790, 855, 562, 610, 420, 740, 931, 445, 838, 894, 751],
+        [728, 995, 971, 793, 585, 604, 229, 837],
+    ),
+    ("ramp", 1000, 1000, 1234567, 7, 1, 0): (
+        [742, 964, 842, 867, 714, 883, 762, 263, 976, 278, 666, 442, 302, 961, 959, 855],
+        [563, 656, 138, 830, 695, 692, 839, 959],
+    ),
+    ("pattern", 500, 10**6, 3, 2, 3, 2): (
+        [139, 176, 307, 307, 201, 361, 377, 87, 83, 407, 260, 493, 382, 439, 265, 326],
+        [4, 153, 354, 212, 363, 55, 214, 146],
+    ),
+}
+# Without replacement: the whole selection of 20 of the 1000 ramp items, in order; for the
+# pattern, rank 0 of 2 over all 428 positive items: its first 16 and last 8.
+SELECTED = {
+    ("ramp", 1000, 20, 0, 0, 1, 0): [
+        235,
+        937,
+        659,
+        238,
+        621,
+        769,
+        883,
+        546,
+        993,
+        233,
+        688,
+        593,
+        866,
+        813,
+        927,
+        821,
+        877,
+        783,
+        362,
+        724,
+    ],
+    ("ramp", 1000, 20, 1234567, 7, 1, 0): [
+        523,
+        671,
+        109,
+        894,
+        302,
+        802,
+        783,
+        465,
+        402,
+        531,
+        600,
+        624,
+        368,
+        654,
+        867,
+        462,
+        908,
+        711,
+        861,
+        904,
+    ],
+}
+WITHOUT_REPLACEMENT = {
+    ("pattern", 500, None, 3, 2, 2, 0): (
+        [346, 397, 423, 307, 20, 285, 212, 494, 67, 440, 309, 178, 355, 26, 88, 286],
+        [435, 15, 50, 106, 22, 71, 239, 43],
+    ),
+}
+
+
+def weighted_sampler(kind, n, num_samples, seed, epoch, world, rank, replacement):
+    w = WEIGHTS[kind](n)
+    s = WeightedDistributedSampler(w, num_samples, replacement, world, rank, seed=seed)
+    s.set_epoch(epoch)
+    return s
+
+
+@pytest.mark.parametrize("key", list(WITH_REPLACEMENT))
+def test_weighted_with_replacement(key):
+    head, tail = WITH_REPLACEMENT[key]
+    s = weighted_sampler(*key, replacement=True)
+    assert s.indices(0, 16).tolist() == head and s.indices(-8).tolist() == tail
+    assert [s[k] for k in range(16)] == head
+
+
+@pytest.mark.parametrize("key", list(SELECTED))
+def test_weighted_selection_without_replacement(key):
+    s = weighted_sampler(*key, replacement=False)
+    assert s.indices().tolist() == SELECTED[key] and list(s) == SELECTED[key]
+
+
+@pytest.mark.parametrize("key", list(WITHOUT_REPLACEMENT))
+def test_weighted_order_without_replacement(key):
+    head, tail = WITHOUT_REPLACEMENT[key]
+    s = weighted_sampler(*key, replacement=False)
+    assert len(s) == 214  # ceil(428 / 2): every positive weight once over the two ranks
+    assert s.indices(0, 16).tolist() == head and s.indices(-8).tolist() == tail

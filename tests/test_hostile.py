@@ -23,7 +23,7 @@ import pytest
 
 from fastshard import BatchSampler, DistributedSampler, WeightedDistributedSampler
 
-from .conftest import run_python
+from .conftest import linux_only, run_python
 
 # -- the bad-input battery ------------------------------------------------------------------------
 # Values as source text, evaluated in the child (and in this process for the references).
@@ -159,6 +159,16 @@ def _ref_sampler(n=10, W=4, rank=1, **kw) -> DistributedSampler:
     return DistributedSampler(n, W, rank, **{"seed": 7, **kw})
 
 
+def as_flag(vname: str, is_int: bool, iv: int, is_flag: bool) -> bool | str:
+    """The flag a value stands for (the bools, and the integers 0 and 1 as torch reads them),
+    or the exception it must raise: another integer is a bad value, anything else a bad type."""
+    if is_flag:
+        return True
+    if is_int:
+        return bool(iv) if iv in (0, 1) else "ValueError"
+    return "TypeError"
+
+
 def expected(target: str, vname: str):
     """The outcome the public API promises: an exception name, or ("ok", result)."""
     v = _eval(vname)
@@ -202,15 +212,16 @@ def expected(target: str, vname: str):
         "DistributedSampler(pad)",
         "BatchSampler(drop_last)",
     ):
-        if not is_flag:
-            return "TypeError"
+        f = as_flag(vname, is_int, iv, is_flag)
+        if isinstance(f, str):
+            return f
         if target == "DistributedSampler(shuffle)":
-            return "ok", DistributedSampler(10, 2, 0, shuffle=True).indices().tolist()
+            return "ok", DistributedSampler(10, 2, 0, shuffle=f).indices().tolist()
         if target == "DistributedSampler(drop_last)":
-            return "ok", DistributedSampler(10, 4, 0, drop_last=True).indices().tolist()
+            return "ok", DistributedSampler(10, 4, 0, drop_last=f).indices().tolist()
         if target == "DistributedSampler(pad)":
-            return "ok", DistributedSampler(10, 4, 3, pad=True).indices().tolist()
-        return "ok", [list(x) for x in BatchSampler(s, 2, True)]
+            return "ok", DistributedSampler(10, 4, 3, pad=f).indices().tolist()
+        return "ok", [list(x) for x in BatchSampler(s, 2, f)]
     if target == "DistributedSampler(order)":
         return "ValueError"  # no value here is the name of an order
     if target in ("indices(start)", "indices(stop)"):
@@ -303,12 +314,15 @@ def expected_weighted(target: str, vname: str, v, is_int: bool, iv: int, is_flag
             2**200,
             lambda seed: WS([1.0, 2.0, 3.0], 7, True, 2, 0, seed=seed).indices().tolist(),
         )
-    if not is_flag:
-        return "TypeError"
+    f = as_flag(vname, is_int, iv, is_flag)
+    if isinstance(f, str):
+        return f
     if target == "WeightedDistributedSampler(replacement)":
+        if not f:
+            return "ValueError"  # 5 draws without replacement from 2 weights
         return "ok", WS([1.0, 2.0], 5, True, 2, 0).indices().tolist()
     if target == "WeightedDistributedSampler(drop_last)":
-        return "ok", WS([1.0, 2.0], 5, True, 2, 0, drop_last=True).indices().tolist()
+        return "ok", WS([1.0, 2.0], 5, True, 2, 0, drop_last=f).indices().tolist()
     raise AssertionError(target)
 
 
@@ -398,6 +412,7 @@ def test_huge_requests_fail_cleanly_in_a_child():
     assert out.split() and "returned" not in out.split(), out
 
 
+@linux_only
 def test_many_threads_in_a_child():
     # More threads than the process can start: the fill must finish (the calling thread takes
     # the parts no thread was started for) and agree with a single-threaded fill. The address

@@ -68,7 +68,8 @@ def test_same_world_size_is_bit_identical(order, shuffle, n, W, drop_last):
         _, consumed, new, rest = run_interrupted(n, W, W, k, **kw)
         for r in range(W):
             assert consumed[r] + rest[r] == full[r], (k, r)
-            assert len(new[r]) == len(rest[r])
+            # len() is the whole epoch's, as torch's; the resumed pass yields the rest
+            assert len(new[r]) == len(full[r]) and len(new[r].indices()) == len(rest[r])
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -313,8 +314,10 @@ def test_fuzzed_states_never_crash_or_half_apply(edits, drop):
         assert list(s) == list(make(300, 2, 1, epoch=5))
     else:
         # accepted: then it is a valid state for this sampler and applies whole
-        assert s.epoch == state["epoch"] and s.state_dict()["cursor"] == state["cursor"]
-        assert len(s) == -(-max(300 - state["cursor"], 0) // 2)
+        # a cursor past n (nothing left) is saved again as n, the exhausted pass's cursor
+        assert s.epoch == state["epoch"] and s.state_dict()["cursor"] == min(state["cursor"], 300)
+        assert len(s.indices()) == -(-max(300 - state["cursor"], 0) // 2)
+        assert len(s) == 150  # the whole epoch's, also while the pass yields its rest
 
 
 def test_pickle_keeps_the_position_not_the_caches():
@@ -329,3 +332,84 @@ def test_pickle_keeps_the_position_not_the_caches():
     t = pickle.loads(pickle.dumps(s2))
     assert list(t) == list(s2) and t.state_dict(consumed=0) == s2.state_dict(consumed=0)
     assert pickle.loads(pickle.dumps(s)).state_dict() == state
+
+
+# -- a state saved at the end of a pass -----------------------------------------------------------
+def _weighted(**kw):
+    return lambda W, r, **more: fastshard.WeightedDistributedSampler(
+        num_replicas=W, rank=r, seed=5, **kw, **more
+    )
+
+
+def _uniform(n, **kw):
+    return lambda W, r, **more: DistributedSampler(n, W, r, seed=5, **kw, **more)
+
+
+# (sampler factory (W, rank, **kw), the epoch's length n, W that saves, other Ws that load).
+# With padding the end of a pass is at cursor n + W - 1 at most: past 2**63 - 1 for the first
+# cases, past n for all.
+END_OF_PASS = {
+    "feistel-2**63-1": (_uniform(2**63 - 1), 2**63 - 1, 2, (1, 3, 2**62)),
+    "feistel-2**62+3-on-2**62": (_uniform(2**62 + 3), 2**62 + 3, 2**62, (1, 2, 5)),
+    "block-2**63-1": (
+        _uniform(2**63 - 1, order="block", block_size=7, window=3),
+        2**63 - 1,
+        2,
+        (1, 3),
+    ),
+    "weighted-2**63-1-draws": (
+        _weighted(weights=[1.0, 0.0, 2.5], num_samples=2**63 - 1),
+        2**63 - 1,
+        2,
+        (1, 3, 2**62),
+    ),
+    "feistel-10": (_uniform(10), 10, 4, (1, 3, 7)),
+    "torch-10": (_uniform(10, order="torch"), 10, 4, (1, 3, 7)),
+    "block-10": (_uniform(10, order="block", block_size=3, window=2), 10, 4, (1, 3, 7)),
+    "weighted-without-replacement": (
+        _weighted(weights=np.arange(1.0, 11.0), num_samples=7, replacement=False),
+        7,
+        3,
+        (1, 2, 5),
+    ),
+    "weighted-with-replacement": (_weighted(weights=[1.0, 3.0], num_samples=9), 9, 4, (1, 2, 5)),
+}
+
+
+@pytest.mark.parametrize("case", list(END_OF_PASS))
+def test_a_state_saved_at_the_end_of_a_pass_always_loads(case):
+    make_sampler, n, W, others = END_OF_PASS[case]
+    ranks = sorted({0, 1, W - 1})
+    states = []
+    for r in ranks:
+        s = make_sampler(W, r)
+        s.set_epoch(5)
+        states.append(json.loads(json.dumps(s.state_dict(consumed=len(s)))))
+    state = states[0]
+    # Every rank saves the same state, with a cursor a state can hold: n, nothing left.
+    assert all(st == state for st in states) and state["cursor"] == n
+    for W2 in (W, *others):
+        for r in sorted({0, W2 - 1}):
+            t = make_sampler(W2, r)
+            t.load_state_dict(state)
+            # iter(t): list(t) would preallocate len(t), the whole epoch's length
+            assert t.epoch == 5 and t.indices().size == 0 and list(iter(t)) == []
+            assert t.state_dict(consumed=0) == state  # saved again, unchanged
+            # auto_epoch: the next iteration starts the next epoch, whole
+            a = make_sampler(W2, r, auto_epoch=True)
+            a.load_state_dict(state)
+            it = iter(a)
+            fresh = make_sampler(W2, r)
+            fresh.set_epoch(6)
+            assert a.epoch == 6 and len(a) == len(fresh) > 0
+            assert [x for _, x in zip(range(5), it)] == fresh.indices(0, 5).tolist()
+
+
+def test_a_cursor_past_the_end_from_an_older_state_still_loads():
+    # States saved before the cursor was capped at n hold n + W - 1 at most: still nothing left.
+    state = make(10, 4, 0).state_dict(consumed=3)
+    assert state["cursor"] == 10
+    for W2 in (1, 3):
+        s = make(10, W2, 0)
+        s.load_state_dict({**state, "cursor": 12})
+        assert s.indices().size == 0 and list(s) == [] and s.state_dict()["cursor"] == 10

@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
-from fastshard import BatchSampler, DistributedSampler, _core
+from fastshard import BatchSampler, DistributedSampler, EpochWarning, _core
+
+from .conftest import linux_only
 
 # Where torch.randperm switches from Fisher-Yates to the inside-out shuffle (UINT32_MAX // 20).
 INSIDE_OUT_FROM = 214_748_364
@@ -104,31 +106,8 @@ def test_randperm_arguments():
 
 
 # -- the sampler against torch's -----------------------------------------------------------------
-GRID_N = [0, 1, 2, 3, 7, 13, 97, 1000, 1031]
-GRID_W = [1, 2, 5, 8]
-SEEDS = [0, 1, 2**32 + 7, 2**64 - 1, -1, -5, -(2**63)]
-
-
-@pytest.mark.parametrize("n", GRID_N)
-@pytest.mark.parametrize("W", GRID_W)
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_parity_with_torch(n, W, drop_last, shuffle):
-    for seed in SEEDS:
-        for epoch in range(4):
-            for r in range(W):
-                try:
-                    expected, expected_len = torch_indices(
-                        n, W, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last
-                    )
-                except ValueError:  # manual_seed(2**64 - 1 + epoch) for epoch > 0
-                    assert shuffle and not -(2**63) <= seed + epoch < 2**64
-                    with pytest.raises(ValueError, match=r"seed \+ epoch"):
-                        ours(n, W, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
-                    continue
-                s = ours(n, W, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
-                assert len(s) == expected_len
-                assert list(s) == expected, (n, W, r, seed, epoch)
+# The grid of lengths, world sizes, ranks, flags, seeds and epochs against torch's class is
+# tests/test_torch_parity.py::test_grid_against_torch.
 
 
 def test_seed_and_epoch_add_like_torch():
@@ -191,7 +170,7 @@ def test_access_paths_agree(n, W, r, drop_last):
 def test_set_epoch_changes_the_order_and_caches_it():
     s = ours(5000, 4, 2, seed=3)
     first = list(s)
-    with pytest.warns(UserWarning, match="set_epoch"):
+    with pytest.warns(EpochWarning, match="set_epoch"):
         assert list(s) == first  # the same epoch again: the same order (and a warning)
     s.set_epoch(1)
     second = list(s)
@@ -249,7 +228,7 @@ print(before, after, peak, len(s))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@linux_only
 def test_only_the_rank_share_stays_in_memory():
     n, W = 20_000_000, 8
     proc = subprocess.run(

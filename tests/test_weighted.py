@@ -230,6 +230,34 @@ def test_exact_and_elastic_resume():
         WeightedDistributedSampler(other, 500, True, 4, 0, seed=2).load_state_dict(state)
 
 
+@pytest.mark.parametrize("replacement", [False, True])
+@pytest.mark.parametrize("form", ["numpy", "tensor"])
+def test_later_edits_to_the_callers_weights_change_nothing(form, replacement):
+    # A float64 array (and a CPU tensor's .numpy()) converts without a copy: the sampler must
+    # not keep that view, or the edits below would change its draws, slip past validation and
+    # leave the checksum (which the rank guard and load_state_dict compare) stale.
+    w = weights_example(200, 7)
+    caller = w.copy() if form == "numpy" else torch.tensor(w)
+    assert caller.dtype in (np.float64, torch.float64)
+    kw = dict(num_samples=150, replacement=replacement, num_replicas=2, rank=1, seed=3)
+    s = WeightedDistributedSampler(caller, **kw)
+    ref = WeightedDistributedSampler(w.copy(), **kw)
+    caller[:100] = 0.0  # fewer positive weights than draws without replacement
+    caller[5] = -1.0  # invalid now
+    caller[150] = 1e9  # a new heavy item
+    with pytest.raises(ValueError, match="negative"):
+        WeightedDistributedSampler(caller, **kw)
+    assert s.weights_checksum == ref.weights_checksum
+    for epoch in (0, 1, 7):
+        s.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        assert s.indices().tolist() == ref.indices().tolist() == list(s)
+    state = s.state_dict(consumed=20)
+    other = WeightedDistributedSampler(w, **kw)
+    other.load_state_dict(state)  # the checksum still describes the draws
+    assert other.indices().tolist() == ref.indices(20).tolist()
+
+
 def test_batch_sampler_and_inputs_of_every_kind():
     w = [0.5, 0.0, 2.5, 1.0]
     ref = WeightedDistributedSampler(w, 50, num_replicas=2, rank=0).indices().tolist()

@@ -1,0 +1,71 @@
+"""Shared by the framework jobs in this folder (each one a script its framework's own launcher
+runs on 2 CPU ranks over gloo; tests/test_integrations.py starts them and reads the report).
+
+The dataset's items carry their index, the model records the indices of every batch it
+trains on, and at the end of each epoch the ranks all-gather what they saw; rank 0 writes
+one JSON report the test asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+N = 1000  # items in the dataset
+BATCH = 10  # per rank
+TIMEOUT = timedelta(seconds=120)  # for every collective the jobs make
+
+
+class IndexDataset(Dataset):
+    """Item i is (i, a feature vector): training records i."""
+
+    def __init__(self, n: int = N) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"idx": torch.tensor(i), "x": torch.full((4,), float(i) / self.n)}
+
+
+def gather(seen: list[int]) -> list[list[int]]:
+    """Every rank's list of indices, on every rank."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, seen)
+    return out
+
+
+def flat(lists: list[list[int]]) -> list[int]:
+    return [i for part in lists for i in part]
+
+
+def summary(per_rank: list[list[int]], n: int = N) -> dict[str, Any]:
+    """What the ranks together trained on: counts against the dataset."""
+    counts = Counter(i for seen in per_rank for i in seen)
+    return {
+        "per_rank": [len(s) for s in per_rank],
+        "total": sum(len(s) for s in per_rank),
+        "distinct": len(counts),
+        "repeated": sum(1 for c in counts.values() if c > 1),
+        "out_of_range": sum(1 for i in counts if not 0 <= i < n),
+        "first": [s[:8] for s in per_rank],
+    }
+
+
+def report(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    Path(path).write_text(json.dumps(results, indent=1))
+
+
+def error_text(err: BaseException) -> dict[str, Any]:
+    return {"error": type(err).__name__, "message": str(err)}

@@ -1,0 +1,131 @@
+"""fastshard's samplers inside the transformers Trainer (built on accelerate), on 2 CPU ranks
+under torchrun.
+
+    torchrun --nproc_per_node=2 trainer_job.py REPORT.json WORKDIR
+
+The documented way: fastshard.transformers.FastshardTrainer, whose training sampler is a
+global fastshard order (num_replicas=1) that accelerate splits by batches. Scenarios: 2 epochs that way; a
+mid-epoch checkpoint resumed with resume_from_checkpoint; the natural misuse (a sampler that
+shards over the ranks itself), which must raise. Rank 0 writes {scenario: result}.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _common import BATCH, IndexDataset, error_text, flat, gather, report, summary
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+import fastshard
+from fastshard.transformers import FastshardTrainer
+
+REPORT, WORKDIR = sys.argv[1], Path(sys.argv[2])
+hf_logging.set_verbosity_error()
+ds = IndexDataset()
+
+
+class Recorder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen: list[int] = []
+
+    def forward(self, idx: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.training:
+            self.seen.extend(idx.tolist())
+        return {"loss": self.layer(x).pow(2).mean()}
+
+
+class PerEpoch(TrainerCallback):
+    """Gathers what the ranks trained on at the end of each epoch."""
+
+    def __init__(self, model: Recorder) -> None:
+        self.model = model
+        self.epochs: dict[int, list[int]] = {}
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        epoch = round(state.epoch) - 1 if state.epoch == int(state.epoch) else int(state.epoch)
+        self.epochs[epoch] = flat(gather(self.model.seen))
+        self.model.seen = []
+
+
+class MisusedTrainer(Trainer):
+    """The natural misuse: a sampler that shards over the ranks itself."""
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        return fastshard.DistributedSampler(dataset, seed=self.args.seed)
+
+
+def args(name: str, **kw: Any) -> TrainingArguments:
+    kw.setdefault("num_train_epochs", 2)
+    return TrainingArguments(
+        output_dir=str(WORKDIR / name),
+        per_device_train_batch_size=BATCH,
+        use_cpu=True,
+        ddp_backend="gloo",
+        ddp_timeout=120,
+        report_to=[],
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=5,
+        **kw,
+    )
+
+
+def train(cls: type, name: str, resume: str | None = None, **kw: Any) -> tuple[Recorder, PerEpoch]:
+    model = Recorder()
+    per_epoch = PerEpoch(model)
+    trainer = cls(model=model, args=args(name, **kw), train_dataset=ds, callbacks=[per_epoch])
+    trainer.train(resume_from_checkpoint=resume)
+    return model, per_epoch
+
+
+def documented() -> dict[str, Any]:
+    _, per_epoch = train(FastshardTrainer, "documented", save_strategy="no")
+    return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
+
+
+def resume() -> dict[str, Any]:
+    """Stop at step 70 (20 steps into epoch 1 of 50 steps) with a checkpoint there, then
+    resume_from_checkpoint to the end of epoch 1."""
+    first_model, first = train(
+        FastshardTrainer, "resume", save_strategy="steps", save_steps=70, max_steps=70
+    )
+    before = first.epochs.get(1) or flat(gather(first_model.seen))
+    ckpt = WORKDIR / "resume" / "checkpoint-70"
+    _, second = train(FastshardTrainer, "resume", resume=str(ckpt), save_strategy="no")
+    after = second.epochs.get(1, [])
+    return {
+        "epoch0": summary([first.epochs.get(0, [])]),
+        "before": summary([before]),
+        "after": summary([after]),
+        "together": summary([before, after]),
+        "resumed_epochs": sorted(second.epochs),
+    }
+
+
+def misuse() -> dict[str, Any]:
+    _, per_epoch = train(MisusedTrainer, "misuse", save_strategy="no", num_train_epochs=1)
+    return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
+
+
+def run(name: str, fn: Any, results: dict[str, Any]) -> None:
+    try:
+        results[name] = fn()
+    except Exception as err:  # reported, and asserted on by the test
+        results[name] = error_text(err)
+    dist.barrier()
+
+
+results: dict[str, Any] = {}
+run("documented", documented, results)
+run("resume", resume, results)
+run("misuse", misuse, results)
+report(REPORT, results)
