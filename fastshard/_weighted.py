@@ -122,9 +122,14 @@ class WeightedDistributedSampler(_ShardSampler):
         # Without replacement the sampler keeps the weights for every epoch: it owns a copy,
         # so later edits to the caller's array or tensor change no draw, cannot bypass the
         # validation below or leave the checksum stale, and cannot race with the C++ reader
-        # (which runs without the GIL). With replacement only the alias table is kept.
+        # (which runs without the GIL). With replacement only the alias table is kept: the
+        # check, the checksum and the table in one C++ call (one pass over the weights fewer);
+        # the table is None if the checks below fail.
         w = _as_float64(weights, copy=not self.replacement)
-        first_invalid, total, positive, checksum = _core.summarize_weights(w)
+        if self.replacement:
+            first_invalid, total, positive, checksum, table = _core.weights_table(w)
+        else:
+            first_invalid, total, positive, checksum = _core.summarize_weights(w)
         if first_invalid >= 0:
             v = w[first_invalid]
             what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "negative")
@@ -153,7 +158,7 @@ class WeightedDistributedSampler(_ShardSampler):
         self.weights_checksum = int(checksum)
         self.shuffle = True
         if self.replacement:
-            self._table: Any = _core.AliasTable(w, total)
+            self._table: Any = table
             self._weights: np.ndarray | None = None  # the table replaces them
         else:
             self._table = None

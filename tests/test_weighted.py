@@ -57,7 +57,7 @@ def test_chi2_detects_wrong_weights():
 
 def test_alias_table_probabilities_are_exact_to_2_to_the_32():
     w = weights_example(200, 3)
-    t = fastshard._core.AliasTable(w, float(w.sum()))
+    t = fastshard._core.AliasTable(w)
     assert t.nbytes == 8 * len(w)
     got = np.array([t.probability(i) for i in range(len(w))])
     want = w / w.sum()
@@ -127,7 +127,7 @@ def test_segmented_sweep_is_exact_to_the_documented_bound(kind, n, segment):
     # n = 100,003 in segments of 4096 is 25 segments swept in parallel from prefix-sum
     # states; 2**22 is one segment, the sequential sweep.
     w = sweep_weights(kind, n)
-    t = fastshard._core.AliasTable(w, float(w.sum()), _segment=segment)
+    t = fastshard._core.AliasTable(w, _segment=segment)
     got, aliased = table_probabilities(t, n)
     want = w / w.sum()
     # The README's bound: each bucket's split is a multiple of 2^-32 of its mass 1/n, so
@@ -147,7 +147,7 @@ def test_segmented_table_does_not_depend_on_threads(kind):
     try:
         for threads in (1, 2, 3, 7):
             fastshard.set_num_threads(threads)
-            tables.append(fastshard._core.AliasTable(w, float(w.sum()), _segment=4096)._buckets())
+            tables.append(fastshard._core.AliasTable(w, _segment=4096)._buckets())
     finally:
         fastshard.set_num_threads(before)
     for threshold, alias in tables[1:]:
@@ -158,7 +158,7 @@ def test_segment_size_must_be_a_multiple_of_the_block():
     w = np.ones(10)
     for bad in (0, 1000, 4097):
         with pytest.raises(ValueError, match="multiple of 4096"):
-            fastshard._core.AliasTable(w, 10.0, _segment=bad)
+            fastshard._core.AliasTable(w, _segment=bad)
 
 
 def test_same_first_draws_for_any_world_size():

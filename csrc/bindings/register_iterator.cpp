@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <exception>
 #include <new>
 
 #include "fastshard/shard.hpp"
@@ -36,7 +37,20 @@ PyObject* iter_next(PyObject* self) {
     if (it->pos == it->len) {
         if (it->next >= it->stop) return nullptr;  // StopIteration
         const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBuffer, it->stop - it->next));
-        it->shard->fill(it->next, count, it->buffer);
+        // A C++ exception must not unwind into CPython, which called this slot directly (no
+        // pybind11 dispatch to translate it): it becomes a Python exception here, and the
+        // iterator stays where it was, so a retry refills the same items.
+        try {
+            it->shard->fill(it->next, count, it->buffer);
+        } catch (const std::bad_alloc&) {
+            return PyErr_NoMemory();
+        } catch (const std::exception& e) {
+            PyErr_SetString(PyExc_RuntimeError, e.what());
+            return nullptr;
+        } catch (...) {
+            PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception while filling the iterator's buffer");
+            return nullptr;
+        }
         it->next += count;
         it->pos = 0;
         it->len = count;

@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,28 @@ fastshard::Order parse_order(const std::string& name) {
     if (name == "torch") return fastshard::Order::torch;
     throw py::value_error("order must be 'feistel', 'identity', 'torch' or 'block', got '" + name + "'");
 }
+
+// For tests of error paths: the identity order, except that filling a range that holds item
+// `fail_at` throws std::bad_alloc ("bad_alloc") or std::runtime_error ("runtime"), as a real
+// fill may run out of memory in any of the threads fill_parallel starts or on the caller.
+class FailingShard final : public Shard {
+  public:
+    FailingShard(const fastshard::Plan& plan, std::uint64_t fail_at, bool bad_alloc)
+        : Shard(plan), fail_at_(fail_at), bad_alloc_(bad_alloc) {}
+
+  protected:
+    void fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const override {
+        if (k0 <= fail_at_ && fail_at_ - k0 < count) {
+            if (bad_alloc_) throw std::bad_alloc();
+            throw std::runtime_error("injected failure at item " + std::to_string(fail_at_));
+        }
+        for (std::uint64_t i = 0; i < count; ++i) out[i] = static_cast<std::int64_t>(k0 + i);
+    }
+
+  private:
+    std::uint64_t fail_at_;
+    bool bad_alloc_;
+};
 
 // (chunks, size, rem, offset, taken) of a block order's interrupted round.
 using RoundTuple = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t>;
@@ -175,6 +198,13 @@ void register_shard(py::module_& m) {
               return py::make_tuple(plan.num_samples, plan.total_size);
           }, py::arg("n"), py::arg("num_replicas"), py::arg("rank"), py::arg("drop_last"), py::arg("pad"),
           py::arg("cursor"), "(num_samples, total_size) of a plan, without building any order.");
+    m.def("_failing_shard", [](std::uint64_t n, std::uint64_t fail_at, const std::string& error) {
+              if (error != "bad_alloc" && error != "runtime")
+                  throw py::value_error("error must be 'bad_alloc' or 'runtime'");
+              const auto plan = checked_plan(n, 1, 0, false, true, 0);
+              return PyShard{std::make_shared<FailingShard>(plan, fail_at, error == "bad_alloc")};
+          }, py::arg("n"), py::arg("fail_at"), py::arg("error"),
+          "For tests: items 0..n-1 in order, but filling item `fail_at` throws the C++ `error`.");
     m.def("get_num_threads", &fastshard::default_threads);
     m.def("set_num_threads", [](unsigned t) { fastshard::set_default_threads(t); }, py::arg("threads"));
     m.attr("FEISTEL_ROUNDS") = fastshard::Feistel::kRounds;

@@ -13,36 +13,61 @@ const double* weights_data(const Weights& w) {
     return w.data();
 }
 
+py::tuple summary_tuple(const fastshard::WeightsSummary& s) {
+    return py::make_tuple(s.first_invalid, s.sum, s.positive, s.checksum);
+}
+
+// The table of valid weights (nullptr otherwise), built without the GIL.
+std::shared_ptr<fastshard::AliasTable> build_table(const double* data, std::uint64_t n,
+                                                   const fastshard::WeightsSummary& s,
+                                                   std::uint64_t segment) {
+    if (s.first_invalid >= 0 || s.positive == 0) return nullptr;
+    // Safe without the GIL: the caller holds the weights for the call and only reads them.
+    py::gil_scoped_release release;
+    try {
+        return std::make_shared<fastshard::AliasTable>(data, n, s, segment);
+    } catch (const std::invalid_argument& e) {
+        py::gil_scoped_acquire acquire;
+        throw py::value_error(e.what());
+    }
+}
+
+fastshard::WeightsSummary summarize(const double* data, std::uint64_t n) {
+    // Safe without the GIL: the caller holds the weights for the call and only reads them.
+    py::gil_scoped_release release;
+    return fastshard::summarize_weights(data, n, 0);
+}
+
 }  // namespace
 
 void register_weighted(py::module_& m) {
     m.def("summarize_weights", [](const Weights& w) {
+              return summary_tuple(summarize(weights_data(w), static_cast<std::uint64_t>(w.shape(0))));
+          }, py::arg("weights"),
+          "(first invalid index or -1, sum, number of positive weights, 64-bit checksum); every "
+          "field the same for any number of threads.");
+
+    m.def("weights_table", [](const Weights& w) {
               const double* data = weights_data(w);
               const auto n = static_cast<std::uint64_t>(w.shape(0));
-              fastshard::WeightsSummary s;
-              {
-                  // Safe without the GIL: `w` is held by this call and only read.
-                  py::gil_scoped_release release;
-                  s = fastshard::summarize_weights(data, n, 0);
-              }
-              return py::make_tuple(s.first_invalid, s.sum, s.positive, s.checksum);
+              const fastshard::WeightsSummary s = summarize(data, n);
+              const auto table = build_table(data, n, s, fastshard::AliasTable::kSweepSegment);
+              py::tuple out = summary_tuple(s);
+              return py::make_tuple(out[0], out[1], out[2], out[3], table ? py::cast(table) : py::none());
           }, py::arg("weights"),
-          "(first invalid index or -1, sum, number of positive weights, 64-bit checksum).");
+          "summarize_weights(weights) + (the alias table, or None if the weights are invalid or all "
+          "zero): one pass for both.");
 
     py::class_<fastshard::AliasTable, std::shared_ptr<fastshard::AliasTable>>(
         m, "AliasTable", "Walker alias table of float64 weights (immutable).")
-        .def(py::init([](const Weights& w, double sum, std::uint64_t segment) {
+        .def(py::init([](const Weights& w, std::uint64_t segment) {
                  const double* data = weights_data(w);
                  const auto n = static_cast<std::uint64_t>(w.shape(0));
-                 // Safe without the GIL: `w` is held by this call and only read.
-                 py::gil_scoped_release release;
-                 try {
-                     return std::make_shared<fastshard::AliasTable>(data, n, sum, segment);
-                 } catch (const std::invalid_argument& e) {
-                     py::gil_scoped_acquire acquire;
-                     throw py::value_error(e.what());
-                 }
-             }), py::arg("weights"), py::arg("sum"), py::kw_only(),
+                 const fastshard::WeightsSummary s = summarize(data, n);
+                 if (n == 0 || s.first_invalid >= 0 || s.positive == 0)
+                     throw py::value_error("weights must be non-empty, finite and >= 0, and one must be positive");
+                 return build_table(data, n, s, segment);
+             }), py::arg("weights"), py::kw_only(),
              py::arg("_segment") = fastshard::AliasTable::kSweepSegment,
              "`_segment`: items per parallel sweep segment, a multiple of 4096 (for tests).")
         .def("__len__", &fastshard::AliasTable::size)

@@ -15,7 +15,10 @@ void set_default_threads(unsigned threads) noexcept;
 
 // Calls fn(part, begin, length) for up to `threads` contiguous parts of [0, count), each of at
 // least `min_per_thread` items, part 0 on the calling thread (and any part no thread could be
-// started for). Returns the number of parts.
+// started for). Returns the number of parts. An exception from any part, on any thread, is
+// caught there; every thread is joined, then the exception of the lowest part that threw is
+// rethrown on the calling thread (never std::terminate: fn may allocate, and a bad_alloc must
+// reach the caller as an error it can report).
 template <class Fn>
 unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_per_thread, Fn&& fn) {
     if (threads == 0) threads = default_threads();
@@ -26,9 +29,15 @@ unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_p
         return 1;
     }
     const std::uint64_t per = count / t;
-    auto part = [&fn, per, count, t](unsigned i) {
-        const std::uint64_t begin = i * per;
-        fn(i, begin, i + 1 == t ? count - begin : per);
+    // One slot per part, each written by its own thread only; read after the joins.
+    std::vector<std::exception_ptr> errors(t);
+    auto part = [&fn, &errors, per, count, t](unsigned i) noexcept {
+        try {
+            const std::uint64_t begin = i * per;
+            fn(i, begin, i + 1 == t ? count - begin : per);
+        } catch (...) {
+            errors[i] = std::current_exception();
+        }
     };
     std::vector<std::thread> pool;
     unsigned started = 1;
@@ -42,6 +51,8 @@ unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_p
     part(0);
     for (unsigned i = started; i < t; ++i) part(i);
     for (auto& th : pool) th.join();
+    for (const auto& e : errors)
+        if (e) std::rethrow_exception(e);
     return t;
 }
 

@@ -49,60 +49,123 @@ std::uint64_t to_threshold(double q) noexcept {
     return t >= 4294967295.0 ? kFull - 1 : static_cast<std::uint64_t>(t);
 }
 
+// What a run of blocks contributes to a WeightsSummary besides the blocks' sums.
+struct Partial {
+    std::int64_t first_invalid = -1;
+    std::uint64_t positive = 0;
+    std::uint64_t checksum = 0;  // sum of the items' hashes, mod 2^64 (order-free)
+    double max = 0.0;
+    double min_positive = std::numeric_limits<double>::infinity();
+
+    void merge(const Partial& o) noexcept {
+        if (o.first_invalid >= 0 && (first_invalid < 0 || o.first_invalid < first_invalid))
+            first_invalid = o.first_invalid;
+        positive += o.positive;
+        checksum += o.checksum;
+        max = std::max(max, o.max);
+        min_positive = std::min(min_positive, o.min_positive);
+    }
+};
+
+inline bool valid_weight(double v) noexcept { return v >= 0.0 && v <= std::numeric_limits<double>::max(); }
+
+// The block of `len` items from item `first`: its sum, added left to right (the rounding the
+// sum is defined by), returned; the rest into p. The checksum's hashing is independent of the
+// chain of additions and overlaps it.
+double summarize_block(const double* w, std::uint64_t first, std::uint64_t len, Partial& p) noexcept {
+    double sum = 0.0;
+    std::uint64_t positive = 0, checksum = 0;
+    std::uint64_t position_hash = first * kGolden;  // k * kGolden for item k, by additions
+    double max = p.max, min_positive = p.min_positive;
+    bool bad = false;
+    for (std::uint64_t k = first; k < first + len; ++k) {
+        const double v = w[k];
+        bad |= !valid_weight(v);
+        sum += v;
+        positive += v > 0.0 ? 1 : 0;
+        max = v > max ? v : max;
+        min_positive = ((v > 0.0) & (v < min_positive)) ? v : min_positive;
+        std::uint64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        checksum += mix64(bits + position_hash);
+        position_hash += kGolden;
+    }
+    p.positive += positive;
+    p.checksum += checksum;
+    p.max = max;
+    p.min_positive = min_positive;
+    if (bad && p.first_invalid < 0) {  // rare: find the block's first invalid item
+        for (std::uint64_t k = first; k < first + len; ++k) {
+            if (!valid_weight(w[k])) {
+                p.first_invalid = static_cast<std::int64_t>(k);
+                break;
+            }
+        }
+    }
+    return sum;
+}
+
 }  // namespace
 
 WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned threads) {
-    struct Part {
-        std::int64_t first_invalid = -1;
-        double sum = 0.0;
-        std::uint64_t positive = 0;
-        std::uint64_t checksum = 0;
-    };
-    std::vector<Part> parts(threads == 0 ? default_threads() : threads);
-    parallel_for(n, static_cast<unsigned>(parts.size()), std::uint64_t{1} << 18,
-                 [&](unsigned part, std::uint64_t begin, std::uint64_t len) {
-                     Part p;
-                     double block_sum = 0.0;
-                     for (std::uint64_t i = begin; i < begin + len; ++i) {
-                         const double v = w[i];
-                         if (!(v >= 0.0) || !std::isfinite(v)) {
-                             p.first_invalid = static_cast<std::int64_t>(i);
-                             break;
-                         }
-                         block_sum += v;
-                         if ((i & 4095) == 4095) {  // blocks keep the rounding error small
-                             p.sum += block_sum;
-                             block_sum = 0.0;
-                         }
-                         p.positive += v > 0.0 ? 1 : 0;
-                         std::uint64_t bits;
-                         std::memcpy(&bits, &v, sizeof bits);
-                         p.checksum += mix64(bits + i * kGolden);
+    // Fixed blocks, whatever the number of threads: which thread sums a block changes nothing.
+    const std::uint64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+    std::vector<double> sums(static_cast<std::size_t>(blocks));
+    std::vector<Partial> parts(threads == 0 ? default_threads() : threads);
+    parallel_for(blocks, static_cast<unsigned>(parts.size()), 64,
+                 [&](unsigned part, std::uint64_t b0, std::uint64_t count) {
+                     Partial p;
+                     for (std::uint64_t b = b0; b < b0 + count; ++b) {
+                         const std::uint64_t len = std::min(kSumBlock, n - b * kSumBlock);
+                         sums[static_cast<std::size_t>(b)] = summarize_block(w, b * kSumBlock, len, p);
                      }
-                     p.sum += block_sum;
                      parts[part] = p;
                  });
+    Partial all;
+    for (const Partial& p : parts) all.merge(p);
     WeightsSummary s;
-    for (const Part& p : parts) {
-        if (s.first_invalid < 0 && p.first_invalid >= 0) s.first_invalid = p.first_invalid;
-        s.sum += p.sum;
-        s.positive += p.positive;
-        s.checksum += p.checksum;
-    }
-    s.checksum = mix64(s.checksum ^ n);
+    for (const double b : sums) s.sum += b;  // in block order: the same sum on every machine
+    s.first_invalid = all.first_invalid;
+    s.positive = all.positive;
+    s.checksum = mix64(all.checksum ^ n);
+    s.max = all.max;
+    s.min_positive = all.positive > 0 ? all.min_positive : 0.0;
     return s;
 }
 
-AliasTable::AliasTable(const double* w, std::uint64_t n, double sum, std::uint64_t segment) : n_(n) {
-    if (n == 0 || !(sum > 0.0) || !std::isfinite(sum))
-        throw std::invalid_argument("weights must be non-empty with a positive, finite sum");
+AliasTable::AliasTable(const double* w, std::uint64_t n, const WeightsSummary& summary,
+                       std::uint64_t segment)
+    : n_(n) {
+    if (n == 0 || summary.first_invalid >= 0 || summary.positive == 0 || !(summary.max > 0.0))
+        throw std::invalid_argument("weights must be non-empty, finite and >= 0, and one must be positive");
     if (segment == 0 || segment % kSweepBlock != 0)
         throw std::invalid_argument("the sweep's segment must be a positive multiple of 4096 items");
-    const double scale = static_cast<double>(n) / sum;
+    constexpr double kMinNormal = std::numeric_limits<double>::min();
+    const int k = -std::ilogb(summary.max);  // max * 2^k in [1, 2)
+    const double scale = static_cast<double>(n) / summary.sum;
+    // The weights as they are give the normalised table exactly when every value involved
+    // stays normal in both scales: multiplying by 2^k then rounds nothing, so every partial
+    // sum, the sum and n / sum are exact images of the normalised ones, and the products
+    // w * scale are the same real numbers, rounded the same way.
+    const bool as_is = summary.min_positive >= kMinNormal &&
+                       std::ldexp(summary.min_positive, k) >= kMinNormal && std::isfinite(summary.sum) &&
+                       scale >= kMinNormal && scale <= std::numeric_limits<double>::max();
+    HugeArray<double> normal;
+    const double* data = w;
+    double q_scale = scale;
+    if (!as_is) {
+        normal = make_huge_array<double>(static_cast<std::size_t>(n));
+        double* out = normal.get();
+        parallel_for(n, 0, std::uint64_t{1} << 16, [&](unsigned, std::uint64_t begin, std::uint64_t len) {
+            for (std::uint64_t i = begin; i < begin + len; ++i) out[i] = std::ldexp(w[i], k);  // one rounding
+        });
+        data = out;
+        q_scale = static_cast<double>(n) / summarize_weights(out, n, 0).sum;  // sum in [1, 2n)
+    }
     if (n <= (std::uint64_t{1} << 32)) {
-        build(small_, w, scale, segment);
+        build(small_, data, q_scale, segment);
     } else {
-        build(large_, w, scale, segment);
+        build(large_, data, q_scale, segment);
     }
 }
 
@@ -534,6 +597,25 @@ struct AliasDraw {
     void apply(std::uint64_t* x, std::size_t count) const noexcept { table->apply(x, count, key); }
 };
 
+// e / w (e >= 0 finite, w > 0 finite, subnormal included) as a 64-bit word ordered as the
+// value, with an exponent range no double has: 0 for e = 0, else bits 52-63 hold the binary
+// exponent of e / w plus 2048 (e / w is in [2^-1077, 2^1079]) and bits 0-51 its 53-bit
+// significand rounded once, as a double division would round it. So wherever the double
+// e / w is normal (every key of weights in a normal range) the order, ties included, is that
+// of the double keys, and elsewhere the key still never overflows or collapses into a tie. A
+// weight's binary exponent only shifts every key's exponent field: scaling all weights by
+// 2^j (exactly) changes no comparison.
+std::uint64_t ratio_key(double e, double w) noexcept {
+    if (!(e > 0.0)) return 0;
+    int ew = 0, er = 0;
+    const double mw = std::frexp(w, &ew);          // w = mw * 2^ew, mw in [0.5, 1), exact
+    const double r = std::frexp(e / mw, &er);      // e / mw is normal: its rounding is e / w's
+    std::uint64_t bits;
+    std::memcpy(&bits, &r, sizeof bits);
+    const auto exponent = static_cast<std::uint64_t>(er - ew + 2048);
+    return (exponent << 52) | (bits & ((std::uint64_t{1} << 52) - 1));
+}
+
 template <class T>
 struct OrderTable {
     std::vector<T> items;
@@ -557,13 +639,15 @@ std::shared_ptr<const Shard> make_weighted_order_shard(const Plan& plan, const d
     const std::uint64_t count = plan.n;
     const std::uint64_t key = derive_key(kWeightedDomain + 1, n, seed, epoch);
     // Efraimidis-Spirakis: item i gets the key E_i / w_i with E_i ~ Exp(1); ascending keys are
-    // a weighted random order without replacement (the first item has P = w_i / sum w).
-    std::vector<std::pair<double, std::uint64_t>> keys;
+    // a weighted random order without replacement (the first item has P = w_i / sum w). The
+    // key is kept exact at every scale (see ratio_key), so tiny weights neither overflow to a
+    // tie nor fall back to index order, and scaling all weights by 2^j changes no order.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> keys;
     keys.reserve(static_cast<std::size_t>(n));
     for (std::uint64_t i = 0; i < n; ++i) {
         if (!(w[i] > 0.0)) continue;
         const double u = static_cast<double>((mix64(i ^ key) >> 11) + 1) * 0x1.0p-53;  // (0, 1]
-        keys.emplace_back(-std::log(u) / w[i], i);
+        keys.emplace_back(ratio_key(-std::log(u), w[i]), i);
     }
     if (count > keys.size()) throw std::invalid_argument("more draws than positive weights");
     const auto mid = keys.begin() + static_cast<std::ptrdiff_t>(count);
@@ -573,13 +657,13 @@ std::shared_ptr<const Shard> make_weighted_order_shard(const Plan& plan, const d
         OrderTable<std::uint32_t> order;
         order.items.reserve(static_cast<std::size_t>(count));
         for (auto it = keys.begin(); it != mid; ++it) order.items.push_back(static_cast<std::uint32_t>(it->second));
-        std::vector<std::pair<double, std::uint64_t>>().swap(keys);
+        std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(keys);
         return std::make_shared<PermutationShard<OrderTable<std::uint32_t>>>(plan, std::move(order));
     }
     OrderTable<std::uint64_t> order;
     order.items.reserve(static_cast<std::size_t>(count));
     for (auto it = keys.begin(); it != mid; ++it) order.items.push_back(it->second);
-    std::vector<std::pair<double, std::uint64_t>>().swap(keys);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(keys);
     return std::make_shared<PermutationShard<OrderTable<std::uint64_t>>>(plan, std::move(order));
 }
 

@@ -19,13 +19,20 @@ namespace fastshard {
 class Shard;
 
 // One pass over the weights: the first invalid (negative, NaN, infinite) index, the sum,
-// the number of positive weights, and a position-sensitive 64-bit checksum of their bits.
+// the number of positive weights, a position-sensitive 64-bit checksum of their bits, and the
+// largest and smallest positive weight (what the table's normalisation needs). Every field is
+// independent of the number of threads: the sum adds each block of kSumBlock items left to
+// right, then the blocks' sums in block order (the same rounding as one thread always had);
+// the other fields are exact.
 struct WeightsSummary {
     std::int64_t first_invalid = -1;
     double sum = 0.0;
     std::uint64_t positive = 0;
     std::uint64_t checksum = 0;
+    double max = 0.0;           // 0 if none is positive
+    double min_positive = 0.0;  // 0 if none is positive
 };
+constexpr std::uint64_t kSumBlock = 4096;
 WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned threads);
 
 // Walker's alias table built by a sweep (Huebschle-Schneider & Sanders): two cursors walk
@@ -39,8 +46,17 @@ class AliasTable {
     static constexpr std::uint64_t kSweepBlock = 4096;  // granularity of the prefix sums
     static constexpr std::uint64_t kSweepSegment = std::uint64_t{1} << 22;
 
-    // `segment`: a positive multiple of kSweepBlock; other values than the default are for tests.
-    AliasTable(const double* w, std::uint64_t n, double sum, std::uint64_t segment = kSweepSegment);
+    // `summary`: summarize_weights(w, n) (valid weights, at least one positive). `segment`: a
+    // positive multiple of kSweepBlock; other values than the default are for tests.
+    //
+    // The table is that of the weights normalised by the power of two 2^k that brings the
+    // largest into [1, 2): multiplying every weight by any 2^j (exactly) gives the same table.
+    // Where that normalisation changes no rounding (every positive weight and w * 2^k normal,
+    // n / sum normal), the weights are used as they are, with the identical result; otherwise
+    // (subnormal weights, a mean below about 5.6e-309, a range wider than 2^1022) the build
+    // works on a normalised copy (8 bytes per item while it runs).
+    AliasTable(const double* w, std::uint64_t n, const WeightsSummary& summary,
+               std::uint64_t segment = kSweepSegment);
 
     std::uint64_t size() const noexcept { return n_; }
     std::size_t bytes() const noexcept {
