@@ -1,7 +1,7 @@
 """Elastic DDP training with fastshard: checkpoints, preemption, any world size, an audit log.
 
-    torchrun --nnodes=1:2 --nproc_per_node=2 --max-restarts=3 \\
-        --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=demo \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1:2 --nproc_per_node=2 \\
+        --max-restarts=3 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=demo \\
         examples/train_elastic.py --workdir run/
     python examples/audit_elastic.py run/
 
@@ -183,6 +183,13 @@ class Run:
         self.write({"start": time.time(), "world": self.world, "seed": self.sampler.seed,
                     "resumed_from": [start, cursor] if resumed else None,
                     "checkpoint_attempt": ckpt["attempt"] if resumed else None})  # fmt: skip
+        if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            print(
+                "note: torchrun shares its rendezvous store with the workers; restarts and "
+                "joining nodes are more reliable with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                "(docs/fault-tolerance.md)",
+                flush=True,
+            )
         if self.rank == 0:
             where = f"epoch {start}, cursor {cursor:,}" if resumed else "the beginning"
             print(f"attempt {self.attempt}: {self.world} ranks, from {where}", flush=True)

@@ -30,7 +30,14 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process g
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIZE, BATCH, EVERY = 401, 8, 5  # 401 is prime: uneven shards on 2 and 3 ranks
-TIMEOUT = 150  # seconds for any one launch to finish
+TIMEOUT = 240  # seconds for any one launch to finish
+
+
+# torchrun's agent shares its rendezvous store with the workers by default. Across restarts
+# and re-formed groups that store keeps the last round's keys: restarted workers then read a
+# dead peer's address ("Connection refused"), and an agent that joins a running job waits for
+# a MASTER_ADDR the others never write again. A fresh store per round avoids both.
+ENV = child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 
 def _load_audit() -> Any:
@@ -61,14 +68,14 @@ class Launch:
             f"--rdzv-conf={conf}", "--monitor-interval=0.5",
             str(EXAMPLES / "train_elastic.py"), "--workdir", str(workdir), "--size", str(SIZE),
             "--batch-size", str(BATCH), "--ckpt-every", str(EVERY), "--epochs", str(epochs),
-            "--step-time", "0.05", "--timeout", "20", *extra,
+            "--step-time", "0.05", "--timeout", "60", *extra,
         ]  # fmt: skip
         self.workdir = workdir
         self.out = open(
             workdir.parent / f"{workdir.name}-agent{port}-{time.monotonic_ns()}.log", "w"
         )
         self.proc = subprocess.Popen(
-            cmd, stdout=self.out, stderr=subprocess.STDOUT, text=True, env=child_env(),
+            cmd, stdout=self.out, stderr=subprocess.STDOUT, text=True, env=ENV,
             cwd=tempfile.gettempdir(), start_new_session=True,
         )  # fmt: skip
 
@@ -162,6 +169,13 @@ def audited(workdir: Path, epochs: int = 1) -> dict[str, Any]:
         assert e["lost"] == 0 and e["repeated"] == 0, report
         assert e["distinct"] == SIZE and e["trained"] == SIZE, report
     assert report["done"] and report["ok"], report
+    lost = sum(e["lost"] for e in report["epochs"])
+    repeated = sum(e["repeated"] for e in report["epochs"])
+    print(  # the figures docs/fault-tolerance.md shows (pytest -s)
+        f"AUDIT worlds {' -> '.join(map(str, worlds(report)))}; restarts "
+        f"{len(report['attempts']) - 1}; lost {lost}; repeated {repeated}; replayed steps "
+        f"{report['replayed_steps']}"
+    )
     return report
 
 
@@ -179,7 +193,7 @@ def test_no_fault_covers_every_item_each_epoch(tmp_path, launches):
 
 def test_killed_worker_restarts_and_resumes(tmp_path, launches):
     work = tmp_path / "run"
-    launches.append(Launch(work, 2, free_port(), max_restarts=2))
+    launches.append(Launch(work, 2, free_port(), max_restarts=3))
     wait_steps(work, 2 * EVERY + 2, launches)
     os.kill(worker_pid(work, 1), signal.SIGKILL)
     assert launches[0].wait() == 0, launches[0].text()
@@ -228,12 +242,6 @@ def test_node_lost_the_rest_finish_on_fewer_ranks(tmp_path, launches):
     assert worlds(report)[0] == 2 and worlds(report)[-1] == 1, report
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch 2.13's c10d rendezvous does not re-form a larger group on one host: after "
-    "the running agent stops its workers (they checkpoint), both agents time out in the new "
-    "round's store (MASTER_ADDR / role_info keys); see docs/fault-tolerance.md",
-)
 def test_node_joins_the_run_continues_on_more_ranks(tmp_path, launches):
     work = tmp_path / "run"
     port = free_port()
