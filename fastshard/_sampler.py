@@ -522,7 +522,7 @@ class BatchSampler(Sampler[list[int]]):
         )
         if b < 0:
             raise ValueError(f"consumed_batches must be >= 0, got {b}")
-        return self.sampler.state_dict(min(b * self.batch_size, self.sampler._lengths()[0]))
+        return self.sampler.state_dict(min(b * self.batch_size, self.sampler.remaining))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the saved batch boundary (see DistributedSampler.load_state_dict)."""
