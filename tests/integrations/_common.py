@@ -69,3 +69,15 @@ def report(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
 
 def error_text(err: BaseException) -> dict[str, Any]:
     return {"error": type(err).__name__, "message": str(err)}
+
+
+def run(name: str, fn: Any, results: dict[str, Any], barrier: bool = True) -> None:
+    """results[name] = fn(), or the error it raised (reported, and asserted on by the test).
+    With ``barrier``, the ranks meet afterwards, so they stay in step whatever a scenario
+    did (the Lightning job has none: its first scenario starts the process group)."""
+    try:
+        results[name] = fn()
+    except Exception as err:
+        results[name] = error_text(err)
+    if barrier:
+        dist.barrier()

@@ -13,8 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import torch.distributed as dist
-from _common import BATCH, TIMEOUT, IndexDataset, error_text, gather, report, summary
+from _common import BATCH, TIMEOUT, IndexDataset, gather, report, run, summary
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 from torch.utils.data import DataLoader
@@ -63,14 +62,6 @@ def misuse(batch_sampler: bool = False) -> dict[str, Any]:
     else:
         loader = DataLoader(ds, sampler=sampler, batch_size=BATCH)
     return {"epochs": epochs(accelerator.prepare(loader), 1)}
-
-
-def run(name: str, fn: Any, results: dict[str, Any]) -> None:
-    try:
-        results[name] = fn()
-    except Exception as err:  # reported, and asserted on by the test
-        results[name] = error_text(err)
-    dist.barrier()  # the ranks stay in step whatever a scenario did
 
 
 results: dict[str, Any] = {}

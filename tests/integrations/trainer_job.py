@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from _common import BATCH, IndexDataset, error_text, flat, gather, report, summary
+from _common import BATCH, IndexDataset, flat, gather, report, run, summary
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
@@ -114,14 +113,6 @@ def resume() -> dict[str, Any]:
 def misuse() -> dict[str, Any]:
     _, per_epoch = train(MisusedTrainer, "misuse", save_strategy="no", num_train_epochs=1)
     return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
-
-
-def run(name: str, fn: Any, results: dict[str, Any]) -> None:
-    try:
-        results[name] = fn()
-    except Exception as err:  # reported, and asserted on by the test
-        results[name] = error_text(err)
-    dist.barrier()
 
 
 results: dict[str, Any] = {}
