@@ -99,7 +99,7 @@ def _text_name(value: int) -> str:
     return text if text.isprintable() and "\ufffd" not in text else f"<{value:#x}>"
 
 
-def _list_id(values: list[Any]) -> int:
+def _list_id(values: list[Any] | tuple[Any, ...]) -> int:
     """An int64 digest of a list (a mixture's sizes or weights), the same in every process."""
     digest = hashlib.blake2b(repr([*values]).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
@@ -144,8 +144,8 @@ def _display(value: int, local: Any) -> Any:
     if isinstance(local, bool):
         return bool(value)
     if isinstance(local, (list, tuple)):
-        # Only a digest travels: the local list where it matches, else the digest.
-        return local if value == _list_id(local) else f"<digest {value % _U64:#018x}>"
+        # Only a digest travels, so every rank shows digests (the same message everywhere).
+        return f"<digest {value % _U64:#018x}>"
     if isinstance(local, str):
         if value == _text_id(local):
             return local

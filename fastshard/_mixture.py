@@ -95,7 +95,7 @@ def _mixture_weights(weights: Any, k: int) -> tuple[list[int] | list[float], lis
     for c in range(k):
         if w[c] > 0 and units[c] == 0:
             raise ValueError(
-                f"weights[{c}] = {w[c]!r} is positive but below 2**-63 of the weights' sum: it "
+                f"weights[{c}] = {float(w[c])!r} is positive but below 2**-63 of the weights' sum: it "
                 "would never be drawn; set it to 0 or raise it"
             )
     return values, units
