@@ -158,7 +158,10 @@ class MixtureShard final : public Shard {
         const std::size_t k = spec_->k();
         pass_keys_.resize(k);
         cycle_keys_.resize(k);
+        full_.resize(k);
         for (std::size_t c = 0; c < k; ++c) {
+            const std::uint64_t size = spec_->sizes()[c];
+            full_[c] = size == 0 ? 0 : spec_->per_epoch()[c] / size * size;
             pass_keys_[c] = derive_key(kMixPassDomain, c, seed, epoch);
             cycle_keys_[c] = derive_key(kMixCycleDomain, c, seed, 0);  // a cycle spans epochs
         }
@@ -168,29 +171,65 @@ class MixtureShard final : public Shard {
     void fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const override;
 
   private:
+    void locate(std::size_t c, std::uint64_t o, std::uint64_t& pos, std::uint64_t& key) const noexcept;
+
     std::shared_ptr<const MixtureSpec> spec_;
     std::uint64_t seed_;
     std::uint64_t epoch_;
     std::vector<std::uint64_t> pass_keys_;
     std::vector<std::uint64_t> cycle_keys_;
+    std::vector<std::uint64_t> full_;  // per dataset: the epoch's draws in whole passes
 };
 
-constexpr std::size_t kChunk = 512;
-constexpr std::size_t kLanes = 64;
+// Draws staged per round of a fill: several windows' worth when a rank takes few draws of
+// each, so that each dataset's permutation runs on long arrays.
+constexpr std::size_t kChunk = 1024;
+// Up to this many datasets, a slot's dataset is found by counting the window's boundaries
+// below it; above, by binary search.
+constexpr std::size_t kLinearK = 8;
 
 // Per-call working state of a fill: the current window and the datasets' permutations.
 // Local to one fill_range call, so threads never share it.
 struct MixtureCursor {
-    std::vector<std::uint64_t> lo, hi, prefix, scratch;
+    explicit MixtureCursor(std::size_t k)
+        : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), one_order(k), inner(k),
+          inner_key(k, 0), bucket(k + 1), mixed(k), chunk_key_set(k), chunk_key(k) {}
+
+    std::vector<std::uint64_t> lo, hi, prefix, scratch;  // C(begin), C(end), window prefix
     std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
     std::uint64_t begin = 0, end = 0;  // the window's draws [begin, end)
-    std::optional<Feistel> slots;
+    std::optional<Feistel> slots;      // the window's interleave
+    // Per dataset in the window: ordinal = slot + base; and when all its ordinals here walk
+    // one permutation (one_order), position = ordinal - shift in the permutation of `key`.
+    std::vector<std::uint64_t> base, shift, key;
+    std::vector<char> one_order;
+    // Per dataset: the latest permutation built, and its key.
     std::vector<std::optional<Feistel>> inner;
     std::vector<std::uint64_t> inner_key;
     std::vector<std::uint32_t> bucket;  // counting sort of a chunk by dataset
+    // Per dataset in the current chunk: whether its draws need more than one permutation,
+    // else the one key they share.
+    std::vector<char> mixed, chunk_key_set;
+    std::vector<std::uint64_t> chunk_key;
 };
 
 }  // namespace
+
+// Where ordinal o of dataset c lies: (position, key of the permutation).
+inline void MixtureShard::locate(std::size_t c, std::uint64_t o, std::uint64_t& pos,
+                                 std::uint64_t& key) const noexcept {
+    const std::uint64_t size = spec_->sizes()[c];
+    if (o < full_[c]) {
+        const std::uint64_t pass = o / size;
+        pos = o - pass * size;
+        key = sub_key(pass_keys_[c], pass);
+    } else {
+        const std::uint64_t r = spec_->per_epoch()[c] - full_[c];  // 0 < r < size here
+        const std::uint64_t cycle_len = size / r;
+        pos = (epoch_ % cycle_len) * r + (o - full_[c]);
+        key = sub_key(cycle_keys_[c], epoch_ / cycle_len);
+    }
+}
 
 void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const {
     if (count == 0) return;
@@ -201,16 +240,8 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
     const std::uint64_t w = p.num_replicas;
     const auto& sizes = s.sizes();
     const auto& offsets = s.offsets();
-    const auto& per_epoch = s.per_epoch();
 
-    MixtureCursor cur;
-    cur.lo.resize(k);
-    cur.hi.resize(k);
-    cur.prefix.resize(k + 1);
-    cur.inner.resize(k);
-    cur.inner_key.assign(k, 0);
-    cur.bucket.resize(k + 1);
-
+    MixtureCursor cur(k);
     auto load_window = [&](std::uint64_t m) {
         if (cur.window != std::numeric_limits<std::uint64_t>::max() && m == cur.window + 1) {
             std::swap(cur.lo, cur.hi);
@@ -222,101 +253,130 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
         cur.end = s.boundary(m + 1);
         s.cumulative(cur.end, cur.hi.data(), cur.scratch);
         cur.prefix[0] = 0;
-        for (std::size_t c = 0; c < k; ++c) cur.prefix[c + 1] = cur.prefix[c] + (cur.hi[c] - cur.lo[c]);
+        for (std::size_t c = 0; c < k; ++c) {
+            const std::uint64_t lo = cur.lo[c], hi = cur.hi[c], size = sizes[c];
+            cur.prefix[c + 1] = cur.prefix[c] + (hi - lo);
+            cur.base[c] = lo - cur.prefix[c];  // mod 2^64
+            cur.one_order[c] = 0;
+            if (hi == lo) continue;
+            if (lo < full_[c]) {
+                const std::uint64_t pass_base = lo / size * size;
+                if (hi <= pass_base + size) {  // within one whole pass
+                    cur.one_order[c] = 1;
+                    cur.shift[c] = pass_base;
+                    cur.key[c] = sub_key(pass_keys_[c], lo / size);
+                }
+            } else {  // within the partial pass
+                std::uint64_t pos = 0;
+                locate(c, lo, pos, cur.key[c]);
+                cur.one_order[c] = 1;
+                cur.shift[c] = lo - pos;  // mod 2^64
+            }
+        }
         cur.slots.emplace(cur.end - cur.begin, derive_key(kMixWindowDomain, m, seed_, epoch_),
                           kMixWindowTableMax);
         cur.window = m;
     };
 
-    std::uint64_t x[kChunk];
-    std::uint32_t tag[kChunk];
+    std::uint64_t x[kChunk];     // window offset -> slot -> position in its permutation
+    std::uint64_t keys[kChunk];  // the key of each draw's permutation
+    std::uint32_t tag[kChunk];   // each draw's dataset
     std::uint32_t order[kChunk];
-    std::uint64_t lane[kLanes];
-    std::uint32_t home[kLanes];
+    std::uint64_t gathered[kChunk];
+
+    // One dataset's draws of the chunk, listed in members[0, m) with their positions in
+    // gathered[0, m): permuted run by run of equal keys (one run, unless a pass ends in the
+    // chunk), then scattered to their places.
+    auto permute = [&](std::size_t c, const std::uint32_t* members, std::uint64_t* positions,
+                       std::size_t m, std::int64_t* dst) {
+        std::size_t a = 0;
+        while (a < m) {
+            const std::uint64_t key = keys[members[a]];
+            std::size_t b = a + 1;
+            if (!cur.mixed[c]) {
+                b = m;
+            } else {
+                while (b < m && keys[members[b]] == key) ++b;
+            }
+            if (!cur.inner[c] || cur.inner_key[c] != key) {
+                cur.inner[c].emplace(sizes[c], key);
+                cur.inner_key[c] = key;
+            }
+            cur.inner[c]->apply(positions + a, b - a);
+            a = b;
+        }
+        const std::uint64_t offset = offsets[c];
+        for (std::size_t g = 0; g < m; ++g) dst[members[g]] = static_cast<std::int64_t>(offset + positions[g]);
+    };
 
     std::uint64_t done = 0;
     while (done < count) {
-        const std::uint64_t pos = p.position(k0 + done);
-        const std::uint64_t j = pos < n ? pos : pos % n;  // padding wraps to the epoch's start
-        const std::uint64_t m = s.window_of(j);
-        if (m != cur.window) load_window(m);
-        const std::uint64_t in_window = (cur.end - j - 1) / w + 1;
-        const std::size_t len = static_cast<std::size_t>(
-            std::min<std::uint64_t>({in_window, count - done, kChunk}));
-
-        // Window offsets -> slots -> (dataset, the dataset's ordinal in the epoch).
-        for (std::size_t i = 0; i < len; ++i) x[i] = j - cur.begin + i * w;
-        cur.slots->apply(x, len);
-        std::fill(cur.bucket.begin(), cur.bucket.end(), 0U);
-        for (std::size_t i = 0; i < len; ++i) {
-            const std::uint64_t slot = x[i];
-            const auto c = static_cast<std::size_t>(
-                std::upper_bound(cur.prefix.begin() + 1, cur.prefix.end(), slot) - (cur.prefix.begin() + 1));
-            tag[i] = static_cast<std::uint32_t>(c);
-            x[i] = cur.lo[c] + (slot - cur.prefix[c]);
-            ++cur.bucket[c + 1];
+        // Stage the chunk window by window: each draw's dataset, position and key.
+        std::size_t len = 0;
+        std::fill(cur.mixed.begin(), cur.mixed.end(), 0);
+        std::fill(cur.chunk_key_set.begin(), cur.chunk_key_set.end(), 0);
+        while (len < kChunk && done + len < count) {
+            const std::uint64_t pos = p.position(k0 + done + len);
+            const std::uint64_t j = pos < n ? pos : pos % n;  // padding wraps to the epoch's start
+            if (!(cur.begin <= j && j < cur.end && cur.window != std::numeric_limits<std::uint64_t>::max()))
+                load_window(s.window_of(j));
+            const std::uint64_t in_window = (cur.end - j - 1) / w + 1;
+            const std::size_t seg = static_cast<std::size_t>(
+                std::min<std::uint64_t>({in_window, count - done - len, kChunk - len}));
+            std::uint64_t* xs = x + len;
+            for (std::size_t i = 0; i < seg; ++i) xs[i] = j - cur.begin + i * w;
+            cur.slots->apply(xs, seg);
+            for (std::size_t i = 0; i < seg; ++i) {
+                const std::uint64_t slot = xs[i];
+                std::uint32_t c = 0;
+                if (k <= kLinearK) {
+                    // Count the boundaries at or below the slot, without branches: the
+                    // datasets of neighbouring slots are random, so a search mispredicts.
+                    for (std::size_t b = 1; b < k; ++b) c += slot >= cur.prefix[b] ? 1U : 0U;
+                } else {
+                    c = static_cast<std::uint32_t>(std::upper_bound(cur.prefix.begin() + 1, cur.prefix.end(), slot) -
+                                                   (cur.prefix.begin() + 1));
+                }
+                const std::uint64_t o = slot + cur.base[c];
+                tag[len + i] = c;
+                if (cur.one_order[c]) {
+                    xs[i] = o - cur.shift[c];
+                    keys[len + i] = cur.key[c];
+                } else {
+                    locate(c, o, xs[i], keys[len + i]);
+                }
+            }
+            // A dataset whose draws in this chunk all walk one permutation needs no search
+            // for runs of equal keys later.
+            for (std::size_t c = 0; c < k; ++c) {
+                if (cur.hi[c] == cur.lo[c]) continue;
+                if (!cur.one_order[c] || (cur.chunk_key_set[c] && cur.chunk_key[c] != cur.key[c])) {
+                    cur.mixed[c] = 1;
+                } else if (!cur.chunk_key_set[c]) {
+                    cur.chunk_key_set[c] = 1;
+                    cur.chunk_key[c] = cur.key[c];
+                }
+            }
+            len += seg;
         }
-        // Group the chunk by dataset (stable), so each dataset's permutation runs on full lanes.
-        for (std::size_t c = 0; c < k; ++c) cur.bucket[c + 1] += cur.bucket[c];
-        for (std::size_t i = 0; i < len; ++i) order[cur.bucket[tag[i]]++] = static_cast<std::uint32_t>(i);
 
+        // Each dataset's draws through its permutations, on long arrays.
         std::int64_t* dst = out + done;
+        // Counting sort of the chunk by dataset (stable), positions moved along.
+        std::fill(cur.bucket.begin(), cur.bucket.end(), 0U);
+        for (std::size_t i = 0; i < len; ++i) ++cur.bucket[tag[i] + 1];
+        for (std::size_t c = 0; c < k; ++c) cur.bucket[c + 1] += cur.bucket[c];
+        for (std::size_t i = 0; i < len; ++i) {
+            const std::uint32_t at = cur.bucket[tag[i]]++;
+            order[at] = static_cast<std::uint32_t>(i);
+            gathered[at] = x[i];
+        }
         std::size_t g = 0;
         while (g < len) {
             const std::size_t c = tag[order[g]];
-            const std::uint64_t size = sizes[c];
-            const std::uint64_t d = per_epoch[c];
-            const std::uint64_t full = d / size * size;  // draws in whole passes
-            std::size_t lanes = 0;
-            std::uint64_t key = 0;
-            auto flush = [&] {
-                if (lanes == 0) return;
-                if (!cur.inner[c] || cur.inner_key[c] != key) {
-                    cur.inner[c].emplace(size, key);
-                    cur.inner_key[c] = key;
-                }
-                cur.inner[c]->apply(lane, lanes);
-                for (std::size_t i = 0; i < lanes; ++i)
-                    dst[home[i]] = static_cast<std::int64_t>(offsets[c] + lane[i]);
-                lanes = 0;
-            };
-            // The permutation's counter: a pass (< 2^63) or, for the partial pass, the cycle
-            // with the top bit set; its key is derived only when it changes.
-            constexpr std::uint64_t kCycleBit = std::uint64_t{1} << 63;
-            std::uint64_t counter = 0;
-            bool keyed = false;
-            for (; g < len && tag[order[g]] == c; ++g) {
-                const std::uint32_t i = order[g];
-                const std::uint64_t o = x[i];
-                std::uint64_t pos_in = 0;
-                std::uint64_t this_counter = 0;
-                if (o < full) {
-                    const std::uint64_t pass = o / size;
-                    pos_in = o - pass * size;
-                    this_counter = pass;
-                } else {
-                    const std::uint64_t r = d - full;  // 0 < r < size here
-                    const std::uint64_t cycle_len = size / r;
-                    pos_in = (epoch_ % cycle_len) * r + (o - full);
-                    this_counter = kCycleBit;
-                }
-                if (!keyed || this_counter != counter) {
-                    if (lanes != 0) flush();
-                    counter = this_counter;
-                    keyed = true;
-                    if (counter == kCycleBit) {
-                        key = sub_key(cycle_keys_[c], epoch_ / (size / (d - full)));
-                    } else {
-                        key = sub_key(pass_keys_[c], counter);
-                    }
-                } else if (lanes == kLanes) {
-                    flush();
-                }
-                lane[lanes] = pos_in;
-                home[lanes] = i;
-                ++lanes;
-            }
-            flush();
+            const std::size_t e = cur.bucket[c];  // the end of c's run after the placement
+            permute(c, order + g, gathered + g, e - g, dst);
+            g = e;
         }
         done += len;
     }
