@@ -5,4 +5,5 @@ PYBIND11_MODULE(_core, m) {
     register_iterator(m);
     register_shard(m);
     register_weighted(m);
+    register_length(m);
 }
