@@ -124,7 +124,14 @@ def _row(fields: dict[str, Any]) -> list[int]:
 
 # The kinds of sampler fastshard makes. A name longer than 8 bytes travels as a digest, so a
 # rank names another rank's kind from this table (a subclass of one shows as <0x...>).
-_KINDS = {_text_id(name): name for name in ("DistributedSampler", "WeightedDistributedSampler")}
+_KINDS = {
+    _text_id(name): name
+    for name in (
+        "DistributedSampler",
+        "WeightedDistributedSampler",
+        "LengthGroupedBatchSampler",
+    )
+}
 
 
 def _display(value: int, local: Any) -> Any:
