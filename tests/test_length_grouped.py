@@ -78,6 +78,25 @@ def test_greedy_cut_matches_a_reference():
     assert all(hi <= lo_next for (_, hi), (lo_next, _) in zip(runs, runs[1:]))
 
 
+@pytest.mark.parametrize("window", [7, 100, 999, 5000])
+@pytest.mark.parametrize("max_batch_size", [None, 3])
+def test_counted_batches_are_the_cut_batches(window, max_batch_size):
+    """The epoch's batch count comes from a histogram (few distinct lengths in a window) or a
+    sort of the lengths (many); either must equal what cutting the sorted window yields, also
+    with zero lengths (any number fit the budget) and over-long items."""
+    rng = np.random.default_rng(window)
+    lengths = np.concatenate(
+        [np.zeros(300, np.int64), rng.integers(0, 50, 2000), rng.integers(0, 10**6, 700)]
+    )
+    s = make(lengths, max_tokens=400, max_batch_size=max_batch_size, sort_window=window)
+    batches = list(s)  # the compiled build checks each window's cut against its count
+    assert len(batches) == s.num_batches
+    assert sorted(np.concatenate(batches)) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * lengths[b].max() <= 400
+        assert max_batch_size is None or len(b) <= max_batch_size
+
+
 def test_batch_size_groups_by_length():
     lengths = lognormal(10_000, seed=1)
     s = make(lengths, batch_size=32, sort_window=32 * 16)

@@ -190,8 +190,8 @@ std::uint64_t LengthEpoch::window_of(std::uint64_t g) const noexcept {
     return static_cast<std::uint64_t>(it - offsets_.begin()) - 1;
 }
 
-void LengthEpoch::sorted_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
-                                std::vector<std::uint64_t>& items, bool want_items) const {
+std::pair<std::uint64_t, std::uint64_t> LengthEpoch::gather_window(
+    std::uint64_t w, std::vector<std::uint64_t>& items, std::vector<std::uint64_t>& lens) const {
     const std::uint64_t first = w * window_;
     const auto m = static_cast<std::size_t>(std::min(window_, lengths_.n - first));
     items.resize(m);
@@ -209,15 +209,14 @@ void LengthEpoch::sorted_window(std::uint64_t w, std::vector<std::uint64_t>& len
             hi = v > hi ? v : hi;
         }
     });
+    return {lo, hi};
+}
+
+void LengthEpoch::sorted_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
+                                std::vector<std::uint64_t>& items) const {
+    const auto [lo, hi] = gather_window(w, items, lens);
+    const std::size_t m = items.size();
     const unsigned range_bits = bit_width(hi - lo);
-    if (!want_items) {
-        // Only the lengths' multiset matters for counting: sort them alone.
-        for (auto& v : lens) v -= lo;
-        items.resize(m);  // scratch
-        radix_sort(lens.data(), items.data(), m, range_bits);
-        for (auto& v : lens) v += lo;
-        return;
-    }
     const unsigned index_bits = bit_width(m - 1);
     if (range_bits + index_bits <= 64) {
         // (length - lo, position in window) packed in one word: one radix sort orders by
@@ -252,13 +251,42 @@ void LengthEpoch::sorted_window(std::uint64_t w, std::vector<std::uint64_t>& len
 
 std::uint64_t LengthEpoch::count_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
                                         std::vector<std::uint64_t>& scratch) const {
-    sorted_window(w, lens, scratch, false);
-    return cut(lens.data(), lens.size(), rule_, [](std::uint64_t) {});
+    const auto [lo, hi] = gather_window(w, scratch, lens);
+    const std::size_t m = lens.size();
+    if (hi - lo >= 4 * static_cast<std::uint64_t>(m)) {
+        // Lengths spread over many values: sort them alone (positions do not matter here).
+        for (auto& v : lens) v -= lo;
+        radix_sort(lens.data(), scratch.data(), m, bit_width(hi - lo));
+        for (auto& v : lens) v += lo;
+        return cut(lens.data(), m, rule_, [](std::uint64_t) {});
+    }
+    // Few distinct values: only how many items have each length matters, a histogram. The
+    // greedy cut of the sorted window, one run of equal lengths v at a time: items go into
+    // the open batch while it holds fewer than capacity(v), then fill whole batches of
+    // capacity(v), the last of them left open.
+    scratch.assign(static_cast<std::size_t>(hi - lo) + 1, 0);
+    for (const auto v : lens) ++scratch[static_cast<std::size_t>(v - lo)];
+    std::uint64_t batches = 0, open = 0;
+    for (std::size_t i = 0; i < scratch.size(); ++i) {
+        std::uint64_t c = scratch[i];
+        if (c == 0) continue;
+        const std::uint64_t cap = rule_.capacity(lo + i);
+        if (open > 0 && open < cap) {
+            const std::uint64_t take = std::min(c, cap - open);
+            open += take;
+            c -= take;
+        }
+        if (c > 0) {
+            batches += (c - 1) / cap + 1;
+            open = c % cap == 0 ? cap : c % cap;
+        }
+    }
+    return batches;
 }
 
 void LengthEpoch::build(std::uint64_t w, WindowBatches& out) const {
     std::vector<std::uint64_t> lens;
-    sorted_window(w, lens, out.items, true);
+    sorted_window(w, lens, out.items);
     out.starts.clear();
     const std::uint64_t m = lens.size();
     const std::uint64_t batches = cut(lens.data(), m, rule_, [&](std::uint64_t i) { out.starts.push_back(i); });

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "fastshard/feistel.hpp"
@@ -93,9 +94,13 @@ class LengthEpoch {
     void build(std::uint64_t w, WindowBatches& out) const;
 
   private:
+    // Window w's items (in the epoch's order) and their lengths; returns (min, max) length.
+    std::pair<std::uint64_t, std::uint64_t> gather_window(std::uint64_t w, std::vector<std::uint64_t>& items,
+                                                          std::vector<std::uint64_t>& lens) const;
     // The window's (length, item) pairs sorted by (length, position in the window).
     void sorted_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
-                       std::vector<std::uint64_t>& items, bool want_items) const;
+                       std::vector<std::uint64_t>& items) const;
+    // The number of batches of window w (what build would cut), from its lengths alone.
     std::uint64_t count_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
                                std::vector<std::uint64_t>& scratch) const;
 
