@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Sampler
 
 from . import _core, _distributed, _validate
 from ._sampler import _ShardSampler
@@ -27,6 +28,15 @@ _MAX_U64 = 2**64 - 1
 def _as_lengths(lengths: Any) -> np.ndarray:
     """The lengths as a 1-D C-contiguous integer array in native byte order: the caller's own
     array (or a CPU tensor's memory) when it already is one, else a converted copy."""
+    if isinstance(lengths, Sampler):
+        # Lightning (use_distributed_sampler=True) rebuilds a custom batch sampler as
+        # cls(sampler, batch_size=..., drop_last=...); a TypeError makes it say how to stop.
+        raise TypeError(
+            f"lengths must be the items' lengths, got a {type(lengths).__name__}: a framework "
+            "is rebuilding this batch sampler around a sampler of its own. It shards over "
+            "ranks itself: under Lightning build the Trainer with use_distributed_sampler=False "
+            "(see docs/length-grouped.md)"
+        )
     if isinstance(lengths, torch.Tensor):
         if lengths.device.type != "cpu":
             raise TypeError(

@@ -375,6 +375,7 @@ def test_public_api():
         ("abc", TypeError, "lengths"),
         ([[1], [2, 3]], TypeError, "lengths"),
         (5, ValueError, "lengths must be 1-D"),
+        (torch.utils.data.SequentialSampler(range(3)), TypeError, "use_distributed_sampler"),
     ],
 )
 def test_bad_lengths(lengths, error, match):
