@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Sampler
 
 from . import _core, _distributed, _validate
@@ -37,20 +36,7 @@ def _as_lengths(lengths: Any) -> np.ndarray:
             "ranks itself: under Lightning build the Trainer with use_distributed_sampler=False "
             "(see docs/length-grouped.md)"
         )
-    if isinstance(lengths, torch.Tensor):
-        if lengths.device.type != "cpu":
-            raise TypeError(
-                f"lengths must be a CPU tensor, got one on {lengths.device}; call .cpu() first"
-            )
-        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
-            raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
-        lengths = lengths.detach().numpy()
-    if isinstance(lengths, (str, bytes)):
-        raise TypeError("lengths must be a 1-D sequence of integers, got a string")
-    try:
-        arr = np.asarray(lengths)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"lengths must be a 1-D sequence of integers: {err}") from None
+    arr = _validate.host_array(lengths, "lengths", "integers")
     if arr.ndim != 1:
         raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
     if arr.size == 0:  # before the dtype: np.asarray([]) is float64

@@ -2,7 +2,7 @@
 
     python length_worker.py RANK WORLD_SIZE PORT
 
-Runs each scenario on one gloo group and prints one JSON line {scenario: result}. Every
+Runs each scenario on one gloo group through dist_worker.main and prints its JSON line. Every
 training step makes an all_reduce, as DDP's gradient sync does, so a rank with more batches
 than another would wait for a peer that never comes: the group's timeout turns such a hang
 into an error, and the test's launch timeout kills it in any case.
@@ -10,10 +10,6 @@ into an error, and the test's launch timeout kills it in any case.
 
 from __future__ import annotations
 
-import json
-import sys
-import traceback
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -98,29 +94,7 @@ SCENARIOS = {
 }
 
 
-def main() -> None:
-    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
-    results: dict[str, Any] = {}
-    for i, (name, scenario) in enumerate(SCENARIOS.items(), start=1):
-        try:
-            result = scenario()
-        except Exception:
-            result = {"error": traceback.format_exc()}
-        sentinel = torch.tensor([i], dtype=torch.int64)
-        dist.all_reduce(sentinel)
-        result["in_step"] = int(sentinel) == i * world
-        results[name] = result
-    dist.destroy_process_group()
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    import dist_worker  # beside this script: the same loop, group and sentinel checks
+
+    dist_worker.main(SCENARIOS)

@@ -50,7 +50,7 @@ def ranks() -> list[dict[str, Any]]:
         if code != 0:
             what = f"did not finish in {TIMEOUT} s (a hang?)" if code is None else f"exited {code}"
             pytest.fail(f"rank {r} {what}:\n{err[-3000:]}")
-    return [json.loads(out.strip().splitlines()[-1]) for out, _, _ in finished]
+    return [json.loads(out.strip().splitlines()[-1])["results"] for out, _, _ in finished]
 
 
 @pytest.mark.parametrize("scenario", ["budget_epochs", "budget_epochs_drop_last"])

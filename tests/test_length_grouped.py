@@ -9,12 +9,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import fastshard
 from fastshard import EpochWarning, LengthGroupedBatchSampler
 
 from .conftest import linux_only, run_python
+from .length_worker import Sequences, pad
 
 
 def lognormal(n: int, seed: int = 0, dtype: str = "int64", high: int = 4000) -> np.ndarray:
@@ -327,21 +328,6 @@ def test_pickle_and_getitem():
 
 
 # -- a DataLoader end to end ---------------------------------------------------------------------
-class Sequences(Dataset):
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.full((int(self.lengths[i]),), int(i), dtype=torch.int64)
-
-
-def pad(batch: list[torch.Tensor]) -> torch.Tensor:
-    return torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=-1)
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataloader_end_to_end_with_padding_collate(workers):
     lengths = lognormal(3000, seed=11, high=600) + 1

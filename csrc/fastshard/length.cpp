@@ -90,15 +90,6 @@ void radix_sort(std::uint64_t* a, std::uint64_t* tmp, std::size_t m, unsigned bi
     if (src != a) std::copy(src, src + m, a);
 }
 
-unsigned bit_width(std::uint64_t v) noexcept {
-    unsigned b = 0;
-    while (v != 0) {
-        ++b;
-        v >>= 1;
-    }
-    return b;
-}
-
 // Where the batches of a sorted window start: every batch_size items, or greedily by the
 // token budget. Calls start(i) for each batch's first item; returns the number of batches.
 template <class Start>
