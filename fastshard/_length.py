@@ -166,12 +166,13 @@ class LengthGroupedBatchSampler(_ShardSampler):
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
-        self.batch_size, self.max_tokens, self.max_batch_size = _rule(
-            batch_size, max_tokens, max_batch_size
-        )
+        arr = _as_lengths(lengths)  # first: refuses a framework's sampler (see _as_lengths)
+        # The rule as ints, 0 for absent (the compiled layout's and the state's form); the
+        # public attributes are None for absent.
+        self._rule = _rule(batch_size, max_tokens, max_batch_size)
+        self.batch_size, self.max_tokens, self.max_batch_size = (v or None for v in self._rule)
         if sort_window is not None:
             sort_window = _validate.in_range(sort_window, "sort_window", 1, _validate.MAX_LENGTH)
-        arr = _as_lengths(lengths)
         first_negative, _, total, checksum = _core.scan_lengths(arr)
         if first_negative >= 0:
             raise ValueError(
@@ -196,7 +197,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
         if self.batch_size:
             per_batch = self.batch_size
         else:
-            per_batch = max(1, int(self.max_tokens // max(mean, 1.0)))
+            per_batch = max(1, int(self._rule[1] // max(mean, 1.0)))
             if self.max_batch_size:
                 per_batch = min(per_batch, self.max_batch_size)
         return min(WINDOW_BATCHES * per_batch, _validate.MAX_LENGTH)
@@ -207,9 +208,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
         if layout is None or layout[0] != self.epoch:
             epoch = _core.LengthEpoch(
                 self.lengths,
-                self.batch_size,
-                self.max_tokens,
-                self.max_batch_size,
+                *self._rule,
                 self.sort_window,
                 self.seed % 2**64,
                 self.epoch % 2**64,
@@ -234,9 +233,9 @@ class LengthGroupedBatchSampler(_ShardSampler):
         return {
             "n": self._n,
             "seed": self.seed % 2**64,
-            "batch_size": self.batch_size,
-            "max_tokens": self.max_tokens,
-            "max_batch_size": self.max_batch_size,
+            "batch_size": self._rule[0],
+            "max_tokens": self._rule[1],
+            "max_batch_size": self._rule[2],
             "sort_window": self.sort_window,
             "drop_last": self.drop_last,
             "lengths_checksum": self.lengths_checksum,
@@ -292,7 +291,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
         rule = (
             f"batch_size={self.batch_size}"
             if self.batch_size
-            else f"max_tokens={self.max_tokens}, max_batch_size={self.max_batch_size or None}"
+            else f"max_tokens={self.max_tokens}, max_batch_size={self.max_batch_size}"
         )
         return (
             f"{type(self).__name__}(n={self._n}, {rule}, sort_window={self.sort_window}, "
