@@ -78,16 +78,20 @@ def quality(args: argparse.Namespace) -> None:
     mean = lengths.mean()
     rules = [("max_tokens=16384", dict(max_tokens=16384)), ("batch_size=32", dict(batch_size=32))]
     print(f"n={n}, lognormal(5.5, 1) lengths, mean {mean:.0f}, median {np.median(lengths):.0f}")
-    print("| rule | sort_window | items | efficiency | pair repeat e0->e1 | lag-1 corr (global) | lag-1 corr (rank 0 of 8) |")
+    print(
+        "| rule | sort_window | items | efficiency | pair repeat e0->e1 | lag-1 corr (global) "
+        "| lag-1 corr (rank 0 of 8) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, rule in rules:
         per_batch = rule.get("batch_size") or int(rule["max_tokens"] // mean)
         for k in [*args.windows, "global"]:
             window = n if k == "global" else int(k) * per_batch
-            make = lambda epoch, W=1, r=0: _sampler(fastshard, lengths, rule, window, epoch, W, r)  # noqa: E731
-            e0, e1 = epoch_batches(make(0)), epoch_batches(make(1))
+            e0 = epoch_batches(_sampler(fastshard, lengths, rule, window, 0, 1, 0))
+            e1 = epoch_batches(_sampler(fastshard, lengths, rule, window, 1, 1, 0))
+            rank0 = epoch_batches(_sampler(fastshard, lengths, rule, window, 0, 8, 0))
             maxlen = np.array([lengths[b].max() for b in e0], float)
-            r0 = np.array([lengths[b].max() for b in epoch_batches(make(0, 8, 0))], float)
+            r0 = np.array([lengths[b].max() for b in rank0], float)
             label = "n (global sort)" if k == "global" else f"{k} batches"
             print(
                 f"| {name} | {label} | {window} | {efficiency(lengths, e0):.4f} | "
@@ -99,7 +103,8 @@ def quality(args: argparse.Namespace) -> None:
         perm = np.random.default_rng(1).permutation(n)
         cuts = np.rint(np.arange(1, len(default)) * size).astype(np.int64)
         rand = np.split(perm, cuts)
-        print(f"| {name} | random batches (mean size {size:.1f}) | - | {efficiency(lengths, rand):.4f} | - | - | - |")
+        eff = efficiency(lengths, rand)
+        print(f"| {name} | random batches (mean size {size:.1f}) | - | {eff:.4f} | - | - | - |")
 
 
 def _sampler(fastshard, lengths, rule, window, epoch, W, r):
@@ -149,7 +154,9 @@ print(json.dumps({"wall": wall, "cpu": cpu, "peak_mib": (status('VmHWM') - base)
 def child(kind: str, n: float, world: int) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, kind, str(n), str(world)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

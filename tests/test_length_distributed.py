@@ -37,7 +37,7 @@ def ranks() -> list[dict[str, Any]]:
     try:
         for p in procs:
             try:
-                finished.append(p.communicate(timeout=TIMEOUT) + (p.returncode,))
+                finished.append((*p.communicate(timeout=TIMEOUT), p.returncode))
             except subprocess.TimeoutExpired:
                 finished.append(("", "", None))
     finally:

@@ -120,11 +120,15 @@ def test_equal_counts_and_coverage(W, drop_last, rule):
     lengths = lognormal(3001, seed=W)
     g = global_sequence(lengths, sort_window=500, **rule)
     nb = len(g)
-    per_rank = [list(make(lengths, W, r, sort_window=500, drop_last=drop_last, **rule)) for r in range(W)]
+    per_rank = [
+        list(make(lengths, W, r, sort_window=500, drop_last=drop_last, **rule)) for r in range(W)
+    ]
     counts = {len(p) for p in per_rank}
     expected = nb // W if drop_last else -(-nb // W)
     assert counts == {expected}
-    assert {len(make(lengths, W, r, sort_window=500, drop_last=drop_last, **rule)) for r in range(W)} == {expected}
+    assert {
+        len(make(lengths, W, r, sort_window=500, drop_last=drop_last, **rule)) for r in range(W)
+    } == {expected}
     # W-independence: rank r's k-th batch is the global sequence's batch r + k W (mod nb)
     for r, batches in enumerate(per_rank):
         assert batches == [g[(r + k * W) % nb] for k in range(expected)]
@@ -334,7 +338,9 @@ def test_dataloader_end_to_end_with_padding_collate(workers):
     seen = []
     for r in range(2):
         sampler = make(lengths, 2, r, max_tokens=1024)
-        loader = DataLoader(Sequences(lengths), batch_sampler=sampler, collate_fn=pad, num_workers=workers)
+        loader = DataLoader(
+            Sequences(lengths), batch_sampler=sampler, collate_fn=pad, num_workers=workers
+        )
         assert len(loader) == len(sampler)
         for x in loader:
             assert x.numel() <= 1024 or x.shape[0] == 1
@@ -399,7 +405,6 @@ def test_billion_item_uint16_memmap(tmp_path):
         "import numpy as np, fastshard\n"
         f"mm = np.memmap({str(path)!r}, dtype=np.uint16, mode='w+', shape=(10**9,))\n"
         "mm[:: 2**20] = 7\n"  # a few pages: the file stays sparse
-
         "s = fastshard.LengthGroupedBatchSampler(mm, batch_size=64, num_replicas=8, rank=5)\n"
         "assert np.shares_memory(s.lengths, mm)\n"
         "b = next(iter(s)); assert len(b) == 64, len(b)\n"
