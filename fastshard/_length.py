@@ -21,6 +21,10 @@ from ._sampler import _ShardSampler
 # padding efficiency, where 64 lose 3% and 19%; 1.4-2.6% of batch-mate pairs recur in the
 # next epoch (a global sort: 6-14%).
 WINDOW_BATCHES = 1024
+# ... but at most this many items: a window costs 8 to 32 bytes per item while it is sorted
+# (per thread during the count scan), so huge batches get fewer batches per window rather
+# than windows of hundreds of MB.
+WINDOW_MAX_ITEMS = 2**21
 _MAX_U64 = 2**64 - 1
 
 
@@ -129,7 +133,8 @@ class LengthGroupedBatchSampler(_ShardSampler):
     sort_window : int, optional
         Items per sorted window. Default: 1024 expected batches (``1024 * batch_size``, or
         ``1024 * (max_tokens // mean length)`` with that quotient capped by
-        ``max_batch_size``), chosen by measurement (docs/length-grouped.md).
+        ``max_batch_size``), at most 2**21 items, chosen by measurement
+        (docs/length-grouped.md).
     num_replicas, rank : int, optional
         Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
     seed : int or None
@@ -200,7 +205,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
             per_batch = max(1, int(self._rule[1] // max(mean, 1.0)))
             if self.max_batch_size:
                 per_batch = min(per_batch, self.max_batch_size)
-        return min(WINDOW_BATCHES * per_batch, _validate.MAX_LENGTH)
+        return min(WINDOW_BATCHES * per_batch, WINDOW_MAX_ITEMS)
 
     # -- the epoch's batches ----------------------------------------------------------------
     def _epoch_layout(self) -> _core.LengthEpoch:

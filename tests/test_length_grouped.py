@@ -98,6 +98,16 @@ def test_counted_batches_are_the_cut_batches(window, max_batch_size):
         assert max_batch_size is None or len(b) <= max_batch_size
 
 
+def test_default_sort_window():
+    lengths = np.full(10_000, 100)
+    assert make(lengths, batch_size=32).sort_window == 1024 * 32
+    assert make(lengths, max_tokens=4000).sort_window == 1024 * 40
+    assert make(lengths, max_tokens=4000, max_batch_size=8).sort_window == 1024 * 8
+    # huge batches: capped, so that a window never holds more than 2**21 items
+    assert make(lengths, max_tokens=10**9).sort_window == 2**21
+    assert make(lengths, batch_size=32, sort_window=77).sort_window == 77
+
+
 def test_batch_size_groups_by_length():
     lengths = lognormal(10_000, seed=1)
     s = make(lengths, batch_size=32, sort_window=32 * 16)
