@@ -253,6 +253,42 @@ def test_epoch_memory_is_per_window_not_per_item():
     assert int(grown) < 40 * 1024  # KiB
 
 
+def test_compiled_core_checks_its_own_inputs():
+    from fastshard import _core
+
+    L = np.arange(10, dtype=np.int32)
+    with pytest.raises(ValueError, match="exactly one"):
+        _core.LengthEpoch(L, 0, 0, 0, 4, 0, 0)
+    with pytest.raises(ValueError, match="sort_window"):
+        _core.LengthEpoch(L, 2, 0, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="empty"):
+        _core.LengthEpoch(L[:0], 2, 0, 0, 4, 0, 0)
+    with pytest.raises(ValueError, match="contiguous"):
+        _core.LengthEpoch(L[::2], 2, 0, 0, 4, 0, 0)
+    with pytest.raises(TypeError, match="integer dtype"):
+        _core.scan_lengths(L.astype(np.float32))
+    shard = _core.length_shard(_core.LengthEpoch(L, 3, 0, 0, 4, 0, 0), 2, 1, False, 0)
+    with pytest.raises(IndexError):
+        shard.batch(len(shard))
+    with pytest.raises(ValueError, match="rank"):
+        _core.length_shard(_core.LengthEpoch(L, 3, 0, 0, 4, 0, 0), 2, 2, False, 0)
+
+
+def test_threads_reading_one_shard_get_the_same_batches():
+    """The shard keeps one window; reads from several threads (without the GIL) take turns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lengths = lognormal(50_000, seed=12)
+    s = make(lengths, max_tokens=2048, sort_window=2000)
+    expected = list(s)
+    shard = s._current()
+    ks = list(range(len(expected))) * 2
+    np.random.default_rng(0).shuffle(ks)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(shard.batch, ks))
+    assert got == [expected[k] for k in ks]
+
+
 # -- resume ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("rule", [{"max_tokens": 2048}, {"batch_size": 16}])
 def test_exact_resume(rule):
