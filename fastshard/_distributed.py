@@ -134,7 +134,12 @@ def _row(fields: dict[str, Any]) -> list[int]:
 # rank names another rank's kind from this table (a subclass of one shows as <0x...>).
 _KINDS = {
     _text_id(name): name
-    for name in ("DistributedSampler", "WeightedDistributedSampler", "MixtureSampler")
+    for name in (
+        "DistributedSampler",
+        "WeightedDistributedSampler",
+        "MixtureSampler",
+        "LengthGroupedBatchSampler",
+    )
 }
 
 

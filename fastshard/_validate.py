@@ -6,6 +6,7 @@ import operator
 from typing import Any
 
 import numpy as np
+import torch
 
 MAX_LENGTH = 2**63 - 1
 _U64 = 2**64
@@ -89,3 +90,21 @@ def length(dataset: Any) -> int:
 def seed64(value: Any, name: str) -> int:
     """Any Python int, reduced modulo 2**64 (so -1 and 2**64 - 1 are the same seed)."""
     return integer(value, name) % _U64
+
+
+def host_array(value: Any, name: str, what: str) -> np.ndarray:
+    """``value`` (a CPU tensor, a NumPy array or a sequence) as a NumPy array, without a
+    Python loop and without a copy where NumPy needs none; ``what`` says what its elements
+    should be, for the messages (e.g. "numbers")."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise TypeError(
+                f"{name} must be a CPU tensor, got one on {value.device}; call .cpu() first"
+            )
+        value = value.detach().numpy()
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a 1-D sequence of {what}, got a string")
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must be a 1-D sequence of {what}: {err}") from None

@@ -17,18 +17,7 @@ def _as_float64(weights: Any, copy: bool = False) -> np.ndarray:
     ``copy=True``: always a new array, never a view of the caller's array or tensor (which
     ``np.ascontiguousarray`` and ``Tensor.numpy()`` return for float64 input).
     """
-    if isinstance(weights, torch.Tensor):
-        if weights.device.type != "cpu":
-            raise TypeError(
-                f"weights must be a CPU tensor, got one on {weights.device}; call .cpu() first"
-            )
-        weights = weights.detach().numpy()
-    if isinstance(weights, (str, bytes)):
-        raise TypeError("weights must be a 1-D sequence of numbers, got a string")
-    try:
-        arr = np.asarray(weights)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"weights must be a 1-D sequence of numbers: {err}") from None
+    arr = _validate.host_array(weights, "weights", "numbers")
     if arr.dtype.kind not in "biuf":
         raise TypeError(
             f"weights must be numbers (a float, int or bool dtype), got dtype {arr.dtype}"

@@ -362,8 +362,11 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-def main() -> None:
+def main(scenarios: dict[str, Callable[[], dict[str, Any]]] | None = None) -> None:
+    """Run ``scenarios`` (default: SCENARIOS) on one gloo group; another worker script may
+    pass its own."""
     global RANK, WORLD
+    scenarios = SCENARIOS if scenarios is None else scenarios
     RANK, WORLD, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     skip = set(sys.argv[4].split(",")) if len(sys.argv) > 4 and sys.argv[4] else set()
     torch.set_num_threads(1)
@@ -376,7 +379,7 @@ def main() -> None:
         timeout=timedelta(seconds=120),
     )
     results: dict[str, Any] = {}
-    for i, (name, scenario) in enumerate(SCENARIOS.items(), start=1):
+    for i, (name, scenario) in enumerate(scenarios.items(), start=1):
         if name in skip:
             continue
         t0 = time.perf_counter()

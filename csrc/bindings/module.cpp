@@ -6,4 +6,5 @@ PYBIND11_MODULE(_core, m) {
     register_mixture(m);
     register_shard(m);
     register_weighted(m);
+    register_length(m);
 }

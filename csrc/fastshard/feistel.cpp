@@ -14,15 +14,6 @@ constexpr std::uint32_t low_mask(unsigned bits) noexcept {
     return bits >= 32 ? 0xffffffffU : (std::uint32_t{1} << bits) - 1U;
 }
 
-unsigned bit_width(std::uint64_t v) noexcept {
-    unsigned w = 0;
-    while (v != 0) {
-        ++w;
-        v >>= 1;
-    }
-    return w;
-}
-
 #if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(FASTSHARD_NO_CLONES) && !defined(__SANITIZE_ADDRESS__)
 #define FASTSHARD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

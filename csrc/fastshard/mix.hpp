@@ -47,6 +47,16 @@ inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) noexcept {
 #endif
 }
 
+// The number of bits needed to write v (0 for 0).
+constexpr unsigned bit_width(std::uint64_t v) noexcept {
+    unsigned w = 0;
+    while (v != 0) {
+        ++w;
+        v >>= 1;
+    }
+    return w;
+}
+
 constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 
 // A counter-based stream of 64-bit words from one key (SplitMix64).

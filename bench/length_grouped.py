@@ -1,0 +1,203 @@
+"""Length-grouped batches (issue 18): padding efficiency and epoch start, side by side.
+
+    python bench/length_grouped.py quality [--n 1e6] [--windows 4 16 64 256]
+    python bench/length_grouped.py start [--n 1e7] [--repeat 3]
+    python bench/length_grouped.py start-large [--n 1e8] [--world-size 8]
+
+quality: lognormal lengths (mu=5.5, sigma=1, rounded, clipped to [1, 16384]), one epoch over
+all ranks (W=1: the global batch sequence), for a token budget and a fixed batch size:
+- padding efficiency (real tokens / padded tokens) for sort windows of k expected batches,
+  for one global sort cut by the same rule (sort_window = n), and for random batches of the
+  same mean size;
+- randomness: of the pairs of items that share a batch in epoch 0, the fraction that share
+  one again in epoch 1 (a global sort repeats nearly all of them);
+- batch-to-batch correlation of the batches' longest length, along the global sequence and
+  along rank 0's sequence of 8 ranks.
+
+start: construction to first batch in a fresh child process, time and peak memory (VmHWM
+minus VmRSS before, from /proc/self/status inside the child), beside transformers'
+LengthGroupedSampler(batch_size=32, lengths=list) at the same n; the repeats interleave.
+
+start-large: uint16 lengths, rank 0 of W, token budget (every window sorted to count).
+
+Run it outside the source tree's root so that `import fastshard` is the installed build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+
+def lognormal(n: int, seed: int = 0, dtype: str = "int32") -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(5.5, 1.0, n)), 1, 16384).astype(dtype)
+
+
+def epoch_batches(sampler) -> list[list[int]]:
+    return list(iter(sampler))
+
+
+def efficiency(lengths: np.ndarray, batches: list[list[int]]) -> float:
+    real = padded = 0
+    for b in batches:
+        lb = lengths[b]
+        real += int(lb.sum())
+        padded += len(b) * int(lb.max())
+    return real / padded
+
+
+def repeat_rate(n: int, e0: list[list[int]], e1: list[list[int]]) -> float:
+    """Of the pairs sharing a batch in e0, the fraction sharing one in e1."""
+    where = np.empty(n, np.int64)
+    for i, b in enumerate(e1):
+        where[b] = i
+    ids0 = np.concatenate([np.full(len(b), i) for i, b in enumerate(e0)])
+    items0 = np.concatenate([np.asarray(b) for b in e0])
+    key = ids0 * (len(e1) + 1) + where[items0]
+    _, counts = np.unique(key, return_counts=True)
+    sizes = np.array([len(b) for b in e0])
+    pairs = (sizes * (sizes - 1) // 2).sum()
+    return float((counts * (counts - 1) // 2).sum() / max(pairs, 1))
+
+
+def lag1(x: np.ndarray) -> float:
+    return float(np.corrcoef(x[:-1], x[1:])[0, 1])
+
+
+def quality(args: argparse.Namespace) -> None:
+    import fastshard
+
+    n = int(float(args.n))
+    lengths = lognormal(n)
+    mean = lengths.mean()
+    rules = [("max_tokens=16384", dict(max_tokens=16384)), ("batch_size=32", dict(batch_size=32))]
+    print(f"n={n}, lognormal(5.5, 1) lengths, mean {mean:.0f}, median {np.median(lengths):.0f}")
+    print(
+        "| rule | sort_window | items | efficiency | pair repeat e0->e1 | lag-1 corr (global) "
+        "| lag-1 corr (rank 0 of 8) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, rule in rules:
+        per_batch = rule.get("batch_size") or int(rule["max_tokens"] // mean)
+        for k in [*args.windows, "global"]:
+            window = n if k == "global" else int(k) * per_batch
+            e0 = epoch_batches(_sampler(fastshard, lengths, rule, window, 0, 1, 0))
+            e1 = epoch_batches(_sampler(fastshard, lengths, rule, window, 1, 1, 0))
+            rank0 = epoch_batches(_sampler(fastshard, lengths, rule, window, 0, 8, 0))
+            maxlen = np.array([lengths[b].max() for b in e0], float)
+            r0 = np.array([lengths[b].max() for b in rank0], float)
+            label = "n (global sort)" if k == "global" else f"{k} batches"
+            print(
+                f"| {name} | {label} | {window} | {efficiency(lengths, e0):.4f} | "
+                f"{repeat_rate(n, e0, e1):.4f} | {lag1(maxlen):+.3f} | {lag1(r0):+.3f} |"
+            )
+        # random batches of our default's mean size
+        default = epoch_batches(_sampler(fastshard, lengths, rule, None, 0, 1, 0))
+        size = n / len(default)
+        perm = np.random.default_rng(1).permutation(n)
+        cuts = np.rint(np.arange(1, len(default)) * size).astype(np.int64)
+        rand = np.split(perm, cuts)
+        eff = efficiency(lengths, rand)
+        print(f"| {name} | random batches (mean size {size:.1f}) | - | {eff:.4f} | - | - | - |")
+
+
+def _sampler(fastshard, lengths, rule, window, epoch, W, r):
+    s = fastshard.LengthGroupedBatchSampler(
+        lengths, **rule, sort_window=window, num_replicas=W, rank=r
+    )
+    s.set_epoch(epoch)
+    return s
+
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+kind, n, W = sys.argv[1], int(float(sys.argv[2])), int(sys.argv[3])
+def status(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key): return int(line.split()[1])
+rng = np.random.default_rng(0)
+lengths = np.clip(np.rint(rng.lognormal(5.5, 1.0, n)), 1, 16384)
+if kind == 'transformers':
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+    import torch
+    lengths = lengths.astype(np.int64).tolist()
+elif kind == 'fastshard_large':
+    import fastshard
+    lengths = lengths.astype(np.uint16)
+else:
+    import fastshard
+    lengths = lengths.astype(np.int32)
+open('/proc/self/clear_refs', 'w').write('5')
+base = status('VmRSS')
+t0 = time.perf_counter(); c0 = time.process_time()
+if kind == 'transformers':
+    s = LengthGroupedSampler(batch_size=32, lengths=lengths, generator=torch.Generator().manual_seed(0))
+    first = next(iter(s))
+elif kind == 'fastshard_batch':
+    s = fastshard.LengthGroupedBatchSampler(lengths, batch_size=32, num_replicas=W, rank=0)
+    first = next(iter(s))
+else:
+    s = fastshard.LengthGroupedBatchSampler(lengths, max_tokens=16384, num_replicas=W, rank=0)
+    first = next(iter(s))
+wall = time.perf_counter() - t0; cpu = time.process_time() - c0
+print(json.dumps({"wall": wall, "cpu": cpu, "peak_mib": (status('VmHWM') - base) / 1024}))
+"""
+
+
+def child(kind: str, n: float, world: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, kind, str(n), str(world)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def start(args: argparse.Namespace, kinds: list[str], world: int) -> None:
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    for _ in range(args.repeat):
+        for k in kinds:
+            runs[k].append(child(k, args.n, world))
+    print(f"n={int(float(args.n)):,}, W={world}, rank 0, {args.repeat} interleaved repeats")
+    print("| what | wall s (min / median) | CPU s (min) | peak MiB above baseline (max) |")
+    print("|---|---|---|---|")
+    for k, rs in runs.items():
+        walls = [r["wall"] for r in rs]
+        print(
+            f"| {k} | {min(walls):.3f} / {statistics.median(walls):.3f} | "
+            f"{min(r['cpu'] for r in rs):.3f} | {max(r['peak_mib'] for r in rs):.0f} |"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--n", default="1e6")
+    q.add_argument("--windows", nargs="+", default=["4", "16", "64", "256", "1024"])
+    s = sub.add_parser("start")
+    s.add_argument("--n", default="1e7")
+    s.add_argument("--repeat", type=int, default=3)
+    large = sub.add_parser("start-large")
+    large.add_argument("--n", default="1e8")
+    large.add_argument("--repeat", type=int, default=2)
+    large.add_argument("--world-size", type=int, default=8)
+    args = p.parse_args()
+    if args.cmd == "quality":
+        quality(args)
+    elif args.cmd == "start":
+        start(args, ["transformers", "fastshard_batch", "fastshard_tokens"], 1)
+    else:
+        start(args, ["fastshard_large"], args.world_size)
+
+
+if __name__ == "__main__":
+    main()

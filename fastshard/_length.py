@@ -1,0 +1,310 @@
+"""Length-grouped and token-budget batches for distributed training: the unit of the epoch's
+global sequence is a batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from . import _core, _distributed, _validate
+from ._sampler import _ShardSampler
+
+# Default sort window, in expected batches: each window is sorted by length and cut into
+# batches, so a window of k batches loses about 1/k of a batch's length spread to padding,
+# while a larger window makes the grouping more repeatable from epoch to epoch (the chance
+# that two batch-mates are batch-mates again grows with the window). Chosen by measurement
+# (bench/length_grouped.py quality, bench/RESULTS.md): on lognormal lengths, 1024 batches
+# per window come within 0.3% (token budget) and 2.4% (fixed count) of one global sort's
+# padding efficiency, where 64 lose 3% and 19%; 1.4-2.6% of batch-mate pairs recur in the
+# next epoch (a global sort: 6-14%).
+WINDOW_BATCHES = 1024
+# ... but at most this many items: a window costs 8 to 32 bytes per item while it is sorted
+# (per thread during the count scan), so huge batches get fewer batches per window rather
+# than windows of hundreds of MB.
+WINDOW_MAX_ITEMS = 2**21
+_MAX_U64 = 2**64 - 1
+
+
+def _as_lengths(lengths: Any) -> np.ndarray:
+    """The lengths as a 1-D C-contiguous integer array in native byte order: the caller's own
+    array (or a CPU tensor's memory) when it already is one, else a converted copy."""
+    if isinstance(lengths, Sampler):
+        # Lightning (use_distributed_sampler=True) rebuilds a custom batch sampler as
+        # cls(sampler, batch_size=..., drop_last=...); a TypeError makes it say how to stop.
+        raise TypeError(
+            f"lengths must be the items' lengths, got a {type(lengths).__name__}: a framework "
+            "is rebuilding this batch sampler around a sampler of its own. It shards over "
+            "ranks itself: under Lightning build the Trainer with use_distributed_sampler=False "
+            "(see docs/length-grouped.md)"
+        )
+    arr = _validate.host_array(lengths, "lengths", "integers")
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:  # before the dtype: np.asarray([]) is float64
+        raise ValueError("lengths must not be empty")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"lengths must have an integer dtype, got dtype {arr.dtype}")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    # np.memmap and other subclasses: the same memory as a plain ndarray, no copy.
+    return np.ascontiguousarray(arr).view(np.ndarray)
+
+
+def _rule(batch_size: Any, max_tokens: Any, max_batch_size: Any) -> tuple[int, int, int]:
+    """(batch_size, max_tokens, max_batch_size), 0 for each one absent."""
+    if (batch_size is None) == (max_tokens is None):
+        raise ValueError(
+            "pass exactly one of batch_size (items per batch) and max_tokens (a padded-token "
+            f"budget per batch), got batch_size={batch_size!r}, max_tokens={max_tokens!r}"
+        )
+    if batch_size is not None:
+        if max_batch_size is not None:
+            raise ValueError("max_batch_size only applies with max_tokens, not with batch_size")
+        return _validate.in_range(batch_size, "batch_size", 1, _validate.MAX_LENGTH), 0, 0
+    tokens = _validate.in_range(max_tokens, "max_tokens", 1, _validate.MAX_LENGTH)
+    cap = (
+        0
+        if max_batch_size is None
+        else _validate.in_range(max_batch_size, "max_batch_size", 1, _validate.MAX_LENGTH)
+    )
+    return 0, tokens, cap
+
+
+class _BatchIterator(Iterator[list[int]]):
+    """A pass over a rank's batches; ``position`` is how many it has yielded."""
+
+    def __init__(self, shard: _core.LengthShard) -> None:
+        self._shard = shard
+        self.position = 0
+
+    def __iter__(self) -> _BatchIterator:
+        return self
+
+    def __next__(self) -> list[int]:
+        if self.position >= len(self._shard):
+            raise StopIteration
+        batch = self._shard.batch(self.position)
+        self.position += 1
+        return batch
+
+    def __length_hint__(self) -> int:
+        return len(self._shard) - self.position
+
+
+class LengthGroupedBatchSampler(_ShardSampler):
+    """Batches of items of similar length, by count or by a padded-token budget, for
+    distributed training at any size. Use as ``DataLoader(dataset, batch_sampler=sampler)``.
+
+    Each epoch, the items in a fresh keyed random order (the ``"feistel"`` order of
+    :class:`DistributedSampler`) are cut into windows of ``sort_window`` items; each window is
+    sorted by length and cut into batches, and the window's batches are shuffled. The epoch's
+    global batch sequence (window 0's batches, then window 1's, ...) is the same for any
+    number of ranks; rank ``r`` of ``W`` takes batches ``r, r + W, ...``. Every rank gets the
+    same number of batches (padding repeats fewer than ``W`` batches from the start of the
+    epoch, or ``drop_last`` drops them), so no rank waits on a collective another never
+    reaches, even with a token budget.
+
+    The plan is built in C++, on several threads, without the GIL. Beyond the lengths, memory
+    is one offset per window plus the window the rank is reading (8 bytes per item of it).
+    With ``batch_size`` the epoch's batch count is arithmetic; with ``max_tokens`` every rank
+    sorts every window once per epoch to count batches (O(n) work over the threads, at the
+    first ``len()`` or iteration of the epoch).
+
+    Parameters
+    ----------
+    lengths : array-like of int
+        The n >= 1 item lengths (tokens, frames), non-negative: a 1-D NumPy array of any
+        integer dtype (also ``np.memmap``), a CPU tensor, or a list. A C-contiguous
+        native-endian integer array (or tensor) is used in place, never copied; do not modify
+        it while the sampler is in use.
+    batch_size : int, optional
+        Items per batch, grouped by length. Each window's last batch may be smaller (one per
+        window; none when ``sort_window`` is a multiple of ``batch_size``, except the epoch's
+        last window).
+    max_tokens : int, optional
+        Instead of ``batch_size``: a padded-token budget, ``len(batch) * max(lengths[batch])
+        <= max_tokens``, filled greedily along the sorted window. An item longer than the
+        budget is a batch on its own.
+    max_batch_size : int, optional
+        With ``max_tokens``: at most this many items per batch.
+    sort_window : int, optional
+        Items per sorted window. Default: 1024 expected batches (``1024 * batch_size``, or
+        ``1024 * (max_tokens // mean length)`` with that quotient capped by
+        ``max_batch_size``), at most 2**21 items, chosen by measurement
+        (docs/length-grouped.md).
+    num_replicas, rank : int, optional
+        Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
+    seed : int or None
+        As for :class:`DistributedSampler` (``None``: drawn on rank 0 and broadcast).
+    drop_last : bool
+        Drop the tail of the epoch's batch sequence so that it divides over the ranks,
+        instead of repeating fewer than ``num_replicas`` batches from its start.
+    check_consistency : bool
+        With a process group, check at each iteration that all ranks agree on the
+        configuration, including a 64-bit checksum of the lengths.
+    auto_epoch : bool
+        Advance the epoch on each new iteration after one that ran to its end (default
+        ``False``: warn once, as the other samplers).
+
+    Notes
+    -----
+    ``len(sampler)`` is this rank's number of batches per epoch. ``state_dict(consumed)``
+    counts in batches; pass the number of batches the training loop has consumed when the
+    DataLoader prefetches (it reads batch indices ahead of the training step).
+    """
+
+    def __init__(
+        self,
+        lengths: Any,
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        max_batch_size: int | None = None,
+        sort_window: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int | None = 0,
+        drop_last: bool = False,
+        check_consistency: bool = True,
+        auto_epoch: bool = False,
+    ) -> None:
+        arr = _as_lengths(lengths)  # first: refuses a framework's sampler (see _as_lengths)
+        # The rule as ints, 0 for absent (the compiled layout's and the state's form); the
+        # public attributes are None for absent.
+        self._rule = _rule(batch_size, max_tokens, max_batch_size)
+        self.batch_size, self.max_tokens, self.max_batch_size = (v or None for v in self._rule)
+        if sort_window is not None:
+            sort_window = _validate.in_range(sort_window, "sort_window", 1, _validate.MAX_LENGTH)
+        first_negative, _, total, checksum = _core.scan_lengths(arr)
+        if first_negative >= 0:
+            raise ValueError(
+                f"lengths[{first_negative}] = {arr[first_negative]} is negative; lengths must "
+                "be >= 0"
+            )
+        self.lengths = arr
+        self._n = len(arr)
+        self.dataset = range(self._n)
+        self.lengths_checksum = int(checksum)
+        self.sort_window = (
+            self._default_window(total / self._n) if sort_window is None else sort_window
+        )
+        self.shuffle = True
+        self._set_shared_arguments(
+            num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
+        )
+        self._layout: Any = None  # (epoch, _core.LengthEpoch) of the latest epoch used
+        self._start_pass()
+
+    def _default_window(self, mean: float) -> int:
+        if self.batch_size:
+            per_batch = self.batch_size
+        else:
+            per_batch = max(1, int(self._rule[1] // max(mean, 1.0)))
+            if self.max_batch_size:
+                per_batch = min(per_batch, self.max_batch_size)
+        return min(WINDOW_BATCHES * per_batch, WINDOW_MAX_ITEMS)
+
+    # -- the epoch's batches ----------------------------------------------------------------
+    def _epoch_layout(self) -> _core.LengthEpoch:
+        layout = self._layout
+        if layout is None or layout[0] != self.epoch:
+            epoch = _core.LengthEpoch(
+                self.lengths,
+                *self._rule,
+                self.sort_window,
+                self.seed % 2**64,
+                self.epoch % 2**64,
+            )
+            layout = self._layout = (self.epoch, epoch)
+        result: _core.LengthEpoch = layout[1]
+        return result
+
+    @property
+    def num_batches(self) -> int:
+        """The epoch's number of batches over all ranks (before padding or drop_last)."""
+        return int(self._epoch_layout().num_batches)
+
+    def _plan_args(self) -> tuple[int, bool, bool]:
+        return self.num_batches, self.drop_last, True
+
+    def _make_shard(self, cursor: int) -> _core.LengthShard:  # type: ignore[override]
+        return _core.length_shard(
+            self._epoch_layout(), self.num_replicas, self.rank, self.drop_last, cursor
+        )
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "n": self._n,
+            "seed": self.seed % 2**64,
+            "batch_size": self._rule[0],
+            "max_tokens": self._rule[1],
+            "max_batch_size": self._rule[2],
+            "sort_window": self.sort_window,
+            "drop_last": self.drop_last,
+            "lengths_checksum": self.lengths_checksum,
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_layout"] = None  # a compiled object: rebuilt after unpickling
+        return state
+
+    # -- access -----------------------------------------------------------------------------
+    def _length_shard(self) -> _core.LengthShard:
+        # The base class types its shard as a Shard; this sampler's are LengthShards.
+        return cast(_core.LengthShard, self._current())
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        self._begin_iteration()
+        _distributed.check(self)
+        it = _BatchIterator(self._length_shard())
+        self._iterator = it
+        return it
+
+    def __getitem__(self, k: int) -> list[int]:  # type: ignore[override]
+        """This rank's k-th batch of the epoch (negative k counts from the end)."""
+        k = _validate.integer(k, "index")
+        shard = self._length_shard()
+        n = len(shard)
+        if not -n <= k < n:
+            raise IndexError(f"index {k} is out of range for a shard of {n} batches")
+        return shard.batch(k % n)
+
+    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Not available: this sampler yields batches (iterate it, or ``sampler[k]``)."""
+        raise TypeError(
+            "LengthGroupedBatchSampler yields batches, not indices: iterate it or use sampler[k]"
+        )
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint (no rank in it), at batch granularity.
+
+        Parameters
+        ----------
+        consumed : int, optional
+            How many of this pass's batches the training loop has consumed on this rank
+            (default: how many the latest iterator yielded; pass it when the DataLoader
+            prefetches). The same on every rank at the same step.
+        """
+        return super().state_dict(consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank, on any number of ranks: the rest of the
+        saved epoch's batch sequence, re-sharded over this sampler's ``num_replicas``
+        (exactly the uninterrupted run's batches on the same number)."""
+        super().load_state_dict(state)
+
+    def __repr__(self) -> str:
+        rule = (
+            f"batch_size={self.batch_size}"
+            if self.batch_size
+            else f"max_tokens={self.max_tokens}, max_batch_size={self.max_batch_size}"
+        )
+        return (
+            f"{type(self).__name__}(n={self._n}, {rule}, sort_window={self.sort_window}, "
+            f"num_replicas={self.num_replicas}, rank={self.rank}, seed={self.seed}, "
+            f"epoch={self.epoch}, drop_last={self.drop_last})"
+        )

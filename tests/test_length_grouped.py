@@ -1,0 +1,459 @@
+"""fastshard.LengthGroupedBatchSampler (issue 18): budgets, coverage, equal counts per rank,
+world-size independence, epochs, resume, a DataLoader end to end, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fastshard
+from fastshard import EpochWarning, LengthGroupedBatchSampler
+
+from .conftest import linux_only, run_python
+from .length_worker import Sequences, pad
+
+
+def lognormal(n: int, seed: int = 0, dtype: str = "int64", high: int = 4000) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(4.5, 1.0, n)), 0, high).astype(dtype)
+
+
+def make(lengths, W=1, r=0, epoch=0, **kw) -> LengthGroupedBatchSampler:
+    kw.setdefault("max_tokens", 2048)
+    if "batch_size" in kw:
+        kw.pop("max_tokens")
+    s = LengthGroupedBatchSampler(lengths, num_replicas=W, rank=r, **kw)
+    s.set_epoch(epoch)
+    return s
+
+
+def global_sequence(lengths, epoch=0, **kw) -> list[list[int]]:
+    return list(make(lengths, 1, 0, epoch, **kw))
+
+
+# -- the rule ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_tokens", [1, 300, 2048, 10_000])
+@pytest.mark.parametrize("max_batch_size", [None, 1, 7])
+def test_token_budget_never_exceeded(max_tokens, max_batch_size):
+    lengths = lognormal(20_000, seed=max_tokens)
+    s = make(lengths, max_tokens=max_tokens, max_batch_size=max_batch_size, sort_window=3000)
+    batches = list(s)
+    assert len(batches) == len(s) == s.num_batches
+    for b in batches:
+        lb = lengths[b]
+        if len(b) > 1:  # only an item longer than the budget may exceed it, and then alone
+            assert len(b) * lb.max() <= max_tokens
+        else:
+            assert len(b) == 1
+        if max_batch_size is not None:
+            assert len(b) <= max_batch_size
+    # every over-long item is alone in its batch
+    alone = {b[0] for b in batches if len(b) == 1}
+    assert set(np.flatnonzero(lengths > max_tokens)) <= alone
+
+
+def test_greedy_cut_matches_a_reference():
+    """Within a window the batches are the greedy cut of the length-sorted window: the batch
+    takes the next item while the padded size stays within the budget."""
+    lengths = lognormal(5000, seed=3)
+    s = make(lengths, max_tokens=1500, sort_window=5000)  # one window: the whole epoch
+    got = list(s)
+    sorted_lengths = np.sort(lengths)
+    expected_sizes = []
+    count = 0
+    for v in sorted_lengths:
+        cap = 1500 // v if v else 10**9
+        if count and count + 1 > max(cap, 1):
+            expected_sizes.append(count)
+            count = 0
+        count += 1
+    expected_sizes.append(count)
+    assert sorted(len(b) for b in got) == sorted(expected_sizes)
+    # each batch holds a contiguous run of the sorted lengths
+    runs = sorted((lengths[b].min(), lengths[b].max()) for b in got)
+    assert all(hi <= lo_next for (_, hi), (lo_next, _) in zip(runs, runs[1:]))
+
+
+@pytest.mark.parametrize("window", [7, 100, 999, 5000])
+@pytest.mark.parametrize("max_batch_size", [None, 3])
+def test_counted_batches_are_the_cut_batches(window, max_batch_size):
+    """The epoch's batch count comes from a histogram (few distinct lengths in a window) or a
+    sort of the lengths (many); either must equal what cutting the sorted window yields, also
+    with zero lengths (any number fit the budget) and over-long items."""
+    rng = np.random.default_rng(window)
+    lengths = np.concatenate(
+        [np.zeros(300, np.int64), rng.integers(0, 50, 2000), rng.integers(0, 10**6, 700)]
+    )
+    s = make(lengths, max_tokens=400, max_batch_size=max_batch_size, sort_window=window)
+    batches = list(s)  # the compiled build checks each window's cut against its count
+    assert len(batches) == s.num_batches
+    assert sorted(np.concatenate(batches)) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * lengths[b].max() <= 400
+        assert max_batch_size is None or len(b) <= max_batch_size
+
+
+def test_default_sort_window():
+    lengths = np.full(10_000, 100)
+    assert make(lengths, batch_size=32).sort_window == 1024 * 32
+    assert make(lengths, max_tokens=4000).sort_window == 1024 * 40
+    assert make(lengths, max_tokens=4000, max_batch_size=8).sort_window == 1024 * 8
+    # huge batches: capped, so that a window never holds more than 2**21 items
+    assert make(lengths, max_tokens=10**9).sort_window == 2**21
+    assert make(lengths, batch_size=32, sort_window=77).sort_window == 77
+
+
+def test_batch_size_groups_by_length():
+    lengths = lognormal(10_000, seed=1)
+    s = make(lengths, batch_size=32, sort_window=32 * 16)
+    batches = list(s)
+    sizes = [len(b) for b in batches]
+    assert max(sizes) == 32 and sum(sizes) == 10_000
+    assert sum(1 for x in sizes if x < 32) == 1  # only the last window's remainder
+    # grouped: a batch spans a narrow length range compared with a random batch
+    spread = np.median([np.ptp(lengths[b]) for b in batches if len(b) == 32])
+    rng = np.random.default_rng(0)
+    random_spread = np.median([np.ptp(rng.choice(lengths, 32)) for _ in range(200)])
+    assert spread < random_spread / 5
+
+
+# -- the plan: coverage, equal counts, world-size independence ---------------------------------
+@pytest.mark.parametrize("W", [1, 2, 3, 7])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("rule", [{"max_tokens": 2048}, {"batch_size": 16}])
+def test_equal_counts_and_coverage(W, drop_last, rule):
+    lengths = lognormal(3001, seed=W)
+    g = global_sequence(lengths, sort_window=500, **rule)
+    nb = len(g)
+    per_rank = [
+        list(make(lengths, W, r, sort_window=500, drop_last=drop_last, **rule)) for r in range(W)
+    ]
+    counts = {len(p) for p in per_rank}
+    expected = nb // W if drop_last else -(-nb // W)
+    assert counts == {expected}
+    assert {
+        len(make(lengths, W, r, sort_window=500, drop_last=drop_last, **rule)) for r in range(W)
+    } == {expected}
+    # W-independence: rank r's k-th batch is the global sequence's batch r + k W (mod nb)
+    for r, batches in enumerate(per_rank):
+        assert batches == [g[(r + k * W) % nb] for k in range(expected)]
+    items = np.concatenate([np.asarray(b) for p in per_rank for b in p])
+    counted = np.bincount(items, minlength=len(lengths))
+    if drop_last:
+        assert counted.max() == 1 and (counted == 0).sum() == sum(len(b) for b in g[expected * W :])
+    else:
+        assert counted.min() >= 1  # every item once, plus fewer than W padded batches
+        assert counted.sum() - len(lengths) == sum(len(b) for b in g[: expected * W - nb])
+        assert expected * W - nb < W
+
+
+def test_more_ranks_than_batches():
+    lengths = np.array([5, 9, 100])
+    s = [make(lengths, 7, r, max_tokens=10**6) for r in range(7)]
+    assert {len(x) for x in s} == {1}
+    assert all(list(x) == [sorted([0, 1, 2], key=lambda i: lengths[i])] for x in s)
+
+
+def test_epochs_differ_and_regroup():
+    from scipy.stats import hypergeom
+
+    n, window = 20_000, 1000
+    lengths = lognormal(n, seed=5)
+    s0, s1 = make(lengths, 1, 0, 0, sort_window=window), make(lengths, 1, 0, 1, sort_window=window)
+    e0, e1 = list(s0), list(s1)
+    assert e0 != e1
+    assert sorted(np.concatenate(e0)) == sorted(np.concatenate(e1)) == list(range(n))
+    # A fresh grouping, not the same batches reordered: each epoch's first window is a fresh
+    # random sample of the items, so its overlap with the other epoch's first window is
+    # hypergeometric (about window**2 / n = 50); a repeated grouping would overlap entirely.
+    # Bound at a false-alarm rate of 1e-9.
+    first0 = np.concatenate(e0[: s0._epoch_layout().window_offset(1)])
+    first1 = np.concatenate(e1[: s1._epoch_layout().window_offset(1)])
+    assert len(first0) == len(first1) == window
+    overlap = len(np.intersect1d(first0, first1))
+    assert overlap <= hypergeom(n, window, window).ppf(1 - 1e-9)
+    assert list(make(lengths, 1, 0, 0, sort_window=window)) == e0  # reproducible
+
+
+def test_seed_changes_the_order():
+    lengths = lognormal(5000)
+    assert global_sequence(lengths, seed=1) != global_sequence(lengths, seed=2)
+
+
+# -- lengths: dtypes, no copy, both sort paths -----------------------------------------------
+@pytest.mark.parametrize(
+    "dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+)
+def test_every_integer_dtype_gives_the_same_batches(dtype):
+    lengths = lognormal(4000, seed=2, high=120)
+    ref = make(lengths, max_tokens=500)
+    s = make(lengths.astype(dtype), max_tokens=500)
+    assert s.lengths_checksum == ref.lengths_checksum
+    assert list(s) == list(ref)
+
+
+def test_list_tensor_and_non_native_inputs():
+    lengths = lognormal(3000, seed=4, high=1000)
+    ref = list(make(lengths, max_tokens=2000))
+    assert list(make(lengths.tolist(), max_tokens=2000)) == ref
+    assert list(make(torch.from_numpy(lengths.astype(np.int32)), max_tokens=2000)) == ref
+    assert list(make(lengths.astype(">i4"), max_tokens=2000)) == ref
+    assert list(make(lengths[::-1][::-1].copy()[:, None][:, 0], max_tokens=2000)) == ref
+    strided = np.repeat(lengths, 2)[::2]  # a non-contiguous view is copied, same result
+    assert list(make(strided, max_tokens=2000)) == ref
+
+
+def test_contiguous_arrays_are_not_copied(tmp_path):
+    lengths = lognormal(10_000, dtype="uint16")
+    s = make(lengths)
+    assert np.shares_memory(s.lengths, lengths)
+    t = torch.from_numpy(lengths.astype(np.int32))
+    assert s.lengths.dtype == np.uint16
+    assert make(t).lengths.ctypes.data == t.data_ptr()
+    mm = np.memmap(tmp_path / "lengths.u16", dtype=np.uint16, mode="w+", shape=(10_000,))
+    mm[:] = lengths
+    sm = make(mm)
+    assert np.shares_memory(sm.lengths, mm)
+    assert list(sm) == list(s)
+
+
+def test_wide_lengths_take_the_comparison_sort_with_the_same_order():
+    """Lengths whose range and window positions do not pack into 64 bits are sorted by
+    comparisons; the order is the same (length, then position in the window)."""
+    lengths = lognormal(6000, seed=7, high=3000)
+    small = list(make(lengths, batch_size=8, sort_window=1000))
+    wide = list(make(lengths.astype(np.uint64) << np.uint64(50), batch_size=8, sort_window=1000))
+    assert wide == small
+    huge = np.random.default_rng(0).integers(0, 2**63, 5000, dtype=np.int64)
+    batches = list(make(huge, max_tokens=2**63 - 1, sort_window=700))
+    assert sorted(np.concatenate(batches)) == list(range(5000))
+    for b in batches:
+        assert len(b) == 1 or len(b) * int(huge[b].max()) <= 2**63 - 1
+
+
+@linux_only
+def test_epoch_memory_is_per_window_not_per_item():
+    """A token-budget epoch over 2e7 items: the count scan and the first batch need memory
+    per window and per thread, not per item (8 bytes per item would be 160 MB)."""
+    grown = run_python(
+        "import numpy as np, fastshard\n"
+        "L = (np.arange(20_000_000, dtype=np.uint32) * 2654435761 % 3000).astype(np.uint16)\n"
+        "def hwm():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM'): return int(line.split()[1])\n"
+        "open('/proc/self/clear_refs', 'w').write('5'); base = hwm()\n"
+        "s = fastshard.LengthGroupedBatchSampler(L, max_tokens=8192, num_replicas=8, rank=3)\n"
+        "b = next(iter(s)); print(hwm() - base)\n"
+    )
+    assert int(grown) < 40 * 1024  # KiB
+
+
+def test_compiled_core_checks_its_own_inputs():
+    from fastshard import _core
+
+    L = np.arange(10, dtype=np.int32)
+    with pytest.raises(ValueError, match="exactly one"):
+        _core.LengthEpoch(L, 0, 0, 0, 4, 0, 0)
+    with pytest.raises(ValueError, match="sort_window"):
+        _core.LengthEpoch(L, 2, 0, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="empty"):
+        _core.LengthEpoch(L[:0], 2, 0, 0, 4, 0, 0)
+    with pytest.raises(ValueError, match="contiguous"):
+        _core.LengthEpoch(L[::2], 2, 0, 0, 4, 0, 0)
+    with pytest.raises(TypeError, match="integer dtype"):
+        _core.scan_lengths(L.astype(np.float32))
+    shard = _core.length_shard(_core.LengthEpoch(L, 3, 0, 0, 4, 0, 0), 2, 1, False, 0)
+    with pytest.raises(IndexError):
+        shard.batch(len(shard))
+    with pytest.raises(ValueError, match="rank"):
+        _core.length_shard(_core.LengthEpoch(L, 3, 0, 0, 4, 0, 0), 2, 2, False, 0)
+
+
+def test_threads_reading_one_shard_get_the_same_batches():
+    """The shard keeps one window; reads from several threads (without the GIL) take turns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lengths = lognormal(50_000, seed=12)
+    s = make(lengths, max_tokens=2048, sort_window=2000)
+    expected = list(s)
+    shard = s._current()
+    ks = list(range(len(expected))) * 2
+    np.random.default_rng(0).shuffle(ks)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(shard.batch, ks))
+    assert got == [expected[k] for k in ks]
+
+
+# -- resume ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rule", [{"max_tokens": 2048}, {"batch_size": 16}])
+def test_exact_resume(rule):
+    lengths = lognormal(5000, seed=8)
+    W = 3
+    full = [list(make(lengths, W, r, 2, **rule)) for r in range(W)]
+    for k in (0, 1, 17, len(full[0])):
+        samplers = [make(lengths, W, r, 2, **rule) for r in range(W)]
+        its = [iter(s) for s in samplers]
+        for it in its:
+            for _ in range(k):
+                next(it)
+        states = [s.state_dict() for s in samplers]
+        assert all(st == states[0] for st in states)  # no rank in the state
+        state = json.loads(json.dumps(states[0]))
+        for r in range(W):
+            fresh = make(lengths, W, r, 0, **rule)
+            fresh.load_state_dict(state)
+            fresh.set_epoch(2)  # the usual loop: keeps the resume
+            assert list(fresh) == full[r][k:]
+            assert len(fresh) == len(full[r])  # len() is the whole epoch's
+
+
+@pytest.mark.parametrize("old_w,new_w", [(2, 3), (3, 2), (4, 1), (1, 7)])
+def test_elastic_resume_covers_every_unconsumed_item(old_w, new_w):
+    lengths = lognormal(4000, seed=9)
+    g = global_sequence(lengths, 1, max_tokens=2048)
+    k = 5
+    state = make(lengths, old_w, 0, 1, max_tokens=2048).state_dict(consumed=k)
+    assert state["cursor"] == k * old_w
+    rest = []
+    for r in range(new_w):
+        s = make(lengths, new_w, r, 0, max_tokens=2048)
+        s.load_state_dict(state)
+        rest.append(list(s))
+    assert len({len(x) for x in rest}) == 1  # still equal counts
+    cursor, nb = k * old_w, len(g)
+    for r, batches in enumerate(rest):  # the rest of G re-dealt; padding wraps to its start
+        assert batches == [g[(cursor + r + j * new_w) % nb] for j in range(len(batches))]
+    assert len(rest[0]) * new_w - (nb - cursor) < new_w
+    got = np.concatenate([np.asarray(b) for x in rest for b in x])
+    unconsumed = np.concatenate(g[cursor:])
+    assert np.bincount(got, minlength=4000)[unconsumed].min() >= 1  # every one covered
+
+
+def test_state_refused_for_other_lengths_or_rule():
+    lengths = lognormal(1000)
+    state = make(lengths).state_dict()
+    other = lengths.copy()
+    other[10] += 1
+    with pytest.raises(ValueError, match="lengths_checksum"):
+        make(other).load_state_dict(state)
+    with pytest.raises(ValueError, match="max_tokens"):
+        make(lengths, max_tokens=4096).load_state_dict(state)
+
+
+# -- epochs, warnings, pickling -------------------------------------------------------------------
+def test_forgotten_set_epoch_warns_and_auto_epoch_advances():
+    lengths = lognormal(2000)
+    s = make(lengths)
+    first = list(s)
+    with pytest.warns(EpochWarning):
+        again = list(s)
+    assert again == first
+    a = LengthGroupedBatchSampler(lengths, max_tokens=2048, num_replicas=1, rank=0, auto_epoch=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        e0, e1 = list(a), list(a)
+    assert a.epoch == 1 and e0 == first and e1 == global_sequence(lengths, 1)
+
+
+def test_pickle_and_getitem():
+    import pickle
+
+    lengths = lognormal(3000)
+    s = make(lengths, 2, 1)
+    t = pickle.loads(pickle.dumps(s))
+    batches = list(s)
+    assert list(t) == batches
+    assert s[0] == batches[0] and s[-1] == batches[-1]
+    with pytest.raises(IndexError):
+        s[len(s)]
+    with pytest.raises(TypeError, match="batches"):
+        s.indices()
+    assert isinstance(s, torch.utils.data.distributed.DistributedSampler)
+    assert "max_tokens=2048" in repr(s)
+
+
+# -- a DataLoader end to end ---------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_end_to_end_with_padding_collate(workers):
+    lengths = lognormal(3000, seed=11, high=600) + 1
+    seen = []
+    for r in range(2):
+        sampler = make(lengths, 2, r, max_tokens=1024)
+        loader = DataLoader(
+            Sequences(lengths), batch_sampler=sampler, collate_fn=pad, num_workers=workers
+        )
+        assert len(loader) == len(sampler)
+        for x in loader:
+            assert x.numel() <= 1024 or x.shape[0] == 1
+            ids = x[:, 0]
+            assert all(int((x[i] >= 0).sum()) == lengths[int(ids[i])] for i in range(len(ids)))
+            seen.extend(ids.tolist())
+    assert set(seen) == set(range(3000))
+
+
+def test_public_api():
+    assert "LengthGroupedBatchSampler" in fastshard.__all__
+
+
+# -- bad inputs --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "lengths,error,match",
+    [
+        ([], ValueError, "lengths must not be empty"),
+        (np.zeros((3, 2), np.int64), ValueError, "lengths must be 1-D"),
+        ([3, -1, 4], ValueError, r"lengths\[1\] = -1 is negative"),
+        ([1.0, 2.0], TypeError, "lengths must have an integer dtype"),
+        (np.array([True, False]), TypeError, "lengths must have an integer dtype"),
+        (torch.tensor([1.5]), TypeError, "lengths must have an integer dtype"),
+        ("abc", TypeError, "lengths"),
+        ([[1], [2, 3]], TypeError, "lengths"),
+        (5, ValueError, "lengths must be 1-D"),
+        (torch.utils.data.SequentialSampler(range(3)), TypeError, "use_distributed_sampler"),
+    ],
+)
+def test_bad_lengths(lengths, error, match):
+    with pytest.raises(error, match=match):
+        LengthGroupedBatchSampler(lengths, batch_size=2, num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize(
+    "kw,error,match",
+    [
+        ({}, ValueError, "exactly one of batch_size"),
+        ({"batch_size": 2, "max_tokens": 10}, ValueError, "exactly one of batch_size"),
+        ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"batch_size": -3}, ValueError, "batch_size"),
+        ({"batch_size": 2.0}, TypeError, "batch_size"),
+        ({"max_tokens": 0}, ValueError, "max_tokens"),
+        ({"max_tokens": "9"}, TypeError, "max_tokens"),
+        ({"max_tokens": 10, "max_batch_size": 0}, ValueError, "max_batch_size"),
+        ({"batch_size": 2, "max_batch_size": 4}, ValueError, "max_batch_size"),
+        ({"batch_size": 2, "sort_window": 0}, ValueError, "sort_window"),
+        ({"batch_size": 2, "drop_last": "yes"}, TypeError, "drop_last"),
+        ({"batch_size": 2, "seed": 1.5}, TypeError, "seed"),
+    ],
+)
+def test_bad_arguments(kw, error, match):
+    with pytest.raises(error, match=match):
+        LengthGroupedBatchSampler([3, 1, 4, 1, 5], num_replicas=1, rank=0, **kw)
+
+
+@pytest.mark.slow
+@linux_only
+def test_billion_item_uint16_memmap(tmp_path):
+    path = tmp_path / "lengths.u16"
+    run_python(
+        "import numpy as np, fastshard\n"
+        f"mm = np.memmap({str(path)!r}, dtype=np.uint16, mode='w+', shape=(10**9,))\n"
+        "mm[:: 2**20] = 7\n"  # a few pages: the file stays sparse
+        "s = fastshard.LengthGroupedBatchSampler(mm, batch_size=64, num_replicas=8, rank=5)\n"
+        "assert np.shares_memory(s.lengths, mm)\n"
+        "b = next(iter(s)); assert len(b) == 64, len(b)\n"
+        "assert len(s) == -(-s.num_batches // 8)\n",
+        timeout=600,
+    )
