@@ -138,6 +138,7 @@ def mixture_shard(
     seed: int,
     epoch: int,
 ) -> Shard: ...
+
 # Length-grouped batches (csrc/fastshard/length.hpp)
 LENGTH_DOMAIN: int
 
