@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
+import math
 from typing import Any
 
 import numpy as np
@@ -67,30 +67,32 @@ def _mixture_weights(weights: Any, k: int) -> tuple[list[int] | list[float], lis
     Integral weights adding up to at most 2**63 are their own units (exact shares); others
     are rounded to units adding up to 2**63 by largest remainders, in exact arithmetic.
     """
-    w = _as_float64(weights)
+    # One weight per dataset: k is small, so plain floats beat NumPy calls here.
+    w = _as_float64(weights).tolist()
     if len(w) != k:
         raise ValueError(
             f"weights must have one entry per dataset: got {len(w)} weights for {k} sizes"
         )
-    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
-    if bad.size:
-        c = int(bad[0])
-        v = w[c]
-        what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "negative")
-        raise ValueError(f"weights[{c}] = {float(v)!r} is {what}; weights must be finite and >= 0")
-    if not (w > 0).any():
+    for c, v in enumerate(w):
+        if not (math.isfinite(v) and v >= 0):
+            what = "NaN" if math.isnan(v) else ("infinite" if math.isinf(v) else "negative")
+            raise ValueError(f"weights[{c}] = {v!r} is {what}; weights must be finite and >= 0")
+    if not any(v > 0 for v in w):
         raise ValueError("weights are all zero; at least one must be positive")
-    integral = bool(np.all(w == np.floor(w)))
-    values: list[int] | list[float] = [int(x) for x in w] if integral else [float(x) for x in w]
+    integral = all(v == math.floor(v) for v in w)
+    values: list[int] | list[float] = [int(v) for v in w] if integral else w
     if integral and sum(values) <= _UNIT_TOTAL:
-        return values, [int(x) for x in values]
-    exact = [Fraction(float(x)) for x in w]
-    total = sum(exact)
-    scaled = [x * _UNIT_TOTAL / total for x in exact]
-    units = [int(s) for s in scaled]  # floor: s >= 0
+        return values, [int(v) for v in values]
+    # Exact integers: every float is a / 2**e, so over the largest denominator the weights
+    # are integers A_c; unit c is A_c * 2**63 / sum(A), rounded by largest remainders.
+    ratios = [float(x).as_integer_ratio() for x in w]
+    denominator = max(b for _, b in ratios)
+    numerators = [a * (denominator // b) for a, b in ratios]
+    total = sum(numerators)
+    units = [a * _UNIT_TOTAL // total for a in numerators]
+    remainders = [a * _UNIT_TOTAL % total for a in numerators]
     short = _UNIT_TOTAL - sum(units)
-    by_remainder = sorted(range(k), key=lambda c: (-(scaled[c] - units[c]), c))
-    for c in by_remainder[:short]:
+    for c in sorted(range(k), key=lambda c: (-remainders[c], c))[:short]:
         units[c] += 1
     for c in range(k):
         if w[c] > 0 and units[c] == 0:
