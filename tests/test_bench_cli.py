@@ -162,7 +162,8 @@ def test_cases_predicted_too_big_are_skipped_and_slow_ones_take_a_prefix(monkeyp
             "growth_bytes": 100 * spec["n"] if slow else 8 * length,
         }
 
-    monkeypatch.setattr(_bench, "run_case", fake_run_case)
+    # run_bench (in the runner module) starts each child through its run_case.
+    monkeypatch.setattr(_bench.runner, "run_case", fake_run_case)
     args = _args(
         *("--sizes", "1e4,1e5,1e6,1e7", "--world", "1", "--only", "list,arange"),
         *("--max-mem", "500MiB", "--budget", "30", "--prefix", "1000"),
