@@ -247,3 +247,11 @@ def test_core_targets_take_each_ratio_the_right_way_round():
         is None
     )
     assert "| **no** |" in "\n".join(_bench.render_targets(results))
+
+
+def test_weighted_n_zero_skips_the_weighted_comparison():
+    # Its help says "0 skips it": the option must accept 0 (and still refuse the rest).
+    assert _args("--weighted-n", "0").weighted_n == 0
+    assert _args("--weighted-n", "1e3").weighted_n == 1000
+    with pytest.raises(SystemExit):
+        _args("--weighted-n", "-1")

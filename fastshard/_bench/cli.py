@@ -11,7 +11,7 @@ from .adapters import SAMPLERS
 from .plot import plot
 from .runner import QUICK_SIZES, run_bench
 from .table import render
-from .units import parse_bytes, parse_count
+from .units import parse_bytes, parse_count, parse_count_or_zero
 from .weighted import render_weighted, run_weighted
 
 
@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
         "--weighted-n",
-        type=parse_count,
+        type=parse_count_or_zero,
         default=None,
         help="items of the weighted comparison with torch's WeightedRandomSampler "
         "(default 2**24, its largest n; 2**16 with --quick; 0 skips it)",

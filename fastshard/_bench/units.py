@@ -45,6 +45,11 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+def parse_count_or_zero(text: str) -> int:
+    """``parse_count``, or 0 (for options where 0 turns a part of the run off)."""
+    return 0 if text.strip() == "0" else parse_count(text)
+
+
 def parse_bytes(text: str) -> int:
     """``"6GiB"``, ``"6G"``, ``"500MiB"`` or a plain number of bytes."""
     units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
