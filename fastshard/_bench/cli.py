@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from . import mixture
 from .adapters import SAMPLERS
 from .plot import plot
 from .runner import QUICK_SIZES, run_bench
@@ -97,6 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="items of the weighted comparison with torch's WeightedRandomSampler "
         "(default 2**24, its largest n; 2**16 with --quick; 0 skips it)",
     )
+    mixture.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -107,7 +109,14 @@ def main(args: argparse.Namespace) -> int:
         results["weighted"] = run_weighted(
             wn, args.repeat or (1 if args.quick else 3), args.timeout
         )
-    table = render(results) + render_weighted(results.get("weighted", []))
+    if args.mixture:
+        meta = results["meta"]
+        results["mixture"] = mixture.run_mixture(args, meta["max_mem_bytes"], meta["repeat"])
+    table = (
+        render(results)
+        + render_weighted(results.get("weighted", []))
+        + mixture.render_mixture(results.get("mixture", {}))
+    )
     sys.stdout.write(table)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -93,6 +93,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """
     if spec["mode"] == "pair":
         return _measure_pair(spec)
+    if spec["mode"] not in ("iter", "array"):
+        # The mixture cases (blended index, torchdata, MixtureSampler) have bodies of their own;
+        # imported here only, since that module starts children through this one.
+        from . import mixture
+
+        return mixture.measure(spec)
     n, world, rank, mode = spec["n"], spec["world"], spec["rank"], spec["mode"]
     prefix: int | None = spec.get("prefix")
     adapter = _adapter(spec["sampler"], n, world, rank)
