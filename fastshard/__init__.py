@@ -15,6 +15,7 @@ except ImportError as err:  # pragma: no cover - only without a build
 
 from ._distributed import InconsistentRanksError
 from ._frameworks import ReshardedError
+from ._mixture import MixtureSampler
 from ._sampler import BatchSampler, DistributedSampler
 from ._threads import get_num_threads, set_num_threads
 from ._warnings import EpochWarning
@@ -25,6 +26,7 @@ __all__ = [
     "DistributedSampler",
     "EpochWarning",
     "InconsistentRanksError",
+    "MixtureSampler",
     "ReshardedError",
     "WeightedDistributedSampler",
     "__version__",

@@ -99,9 +99,17 @@ def _text_name(value: int) -> str:
     return text if text.isprintable() and "\ufffd" not in text else f"<{value:#x}>"
 
 
+def _list_id(values: list[Any] | tuple[Any, ...]) -> int:
+    """An int64 digest of a list (a mixture's sizes or weights), the same in every process."""
+    digest = hashlib.blake2b(repr([*values]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
 def _encode(value: Any) -> int:
     if isinstance(value, str):
         return _text_id(value)
+    if isinstance(value, (list, tuple)):
+        return _list_id(value)
     return _signed(int(value))  # bools become 0/1
 
 
@@ -124,7 +132,10 @@ def _row(fields: dict[str, Any]) -> list[int]:
 
 # The kinds of sampler fastshard makes. A name longer than 8 bytes travels as a digest, so a
 # rank names another rank's kind from this table (a subclass of one shows as <0x...>).
-_KINDS = {_text_id(name): name for name in ("DistributedSampler", "WeightedDistributedSampler")}
+_KINDS = {
+    _text_id(name): name
+    for name in ("DistributedSampler", "WeightedDistributedSampler", "MixtureSampler")
+}
 
 
 def _display(value: int, local: Any) -> Any:
@@ -132,6 +143,9 @@ def _display(value: int, local: Any) -> Any:
     their kinds agree; the kind itself is a sampler class name)."""
     if isinstance(local, bool):
         return bool(value)
+    if isinstance(local, (list, tuple)):
+        # Only a digest travels, so every rank shows digests (the same message everywhere).
+        return f"<digest {value % _U64:#018x}>"
     if isinstance(local, str):
         if value == _text_id(local):
             return local
@@ -154,10 +168,10 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _describe(field: str, values: list[Any]) -> str:
-    by_value: dict[Any, list[int]] = {}
+    by_value: dict[str, list[int]] = {}  # keyed by repr: a list value is not hashable
     for rank, v in enumerate(values):
-        by_value.setdefault(v, []).append(rank)
-    return f"{field}: " + "; ".join(f"{v!r} on {_ranks(rs)}" for v, rs in by_value.items())
+        by_value.setdefault(repr(v), []).append(rank)
+    return f"{field}: " + "; ".join(f"{v} on {_ranks(rs)}" for v, rs in by_value.items())
 
 
 def check(sampler: Checked) -> None:

@@ -29,6 +29,7 @@ from fastshard import (
     BatchSampler,
     DistributedSampler,
     InconsistentRanksError,
+    MixtureSampler,
     WeightedDistributedSampler,
 )
 
@@ -251,6 +252,20 @@ def guard_weights() -> dict[str, Any]:
     return out
 
 
+def guard_mixture_weights() -> dict[str, Any]:
+    """A mixture whose last rank has other weights; before that, agreeing ranks draw the
+    global sequence's every W-th draw, the same as one process computes alone."""
+    sizes = [30, 200, 1000]
+    same = MixtureSampler(sizes, [0.2, 0.3, 0.5], 700, seed=4)
+    mine = list(same)
+    want = MixtureSampler(sizes, [0.2, 0.3, 0.5], 700, 1, 0, seed=4).indices()
+    padded = np.concatenate([want, want])[: len(mine) * WORLD]
+    weights = [0.2, 0.3, 0.5] if RANK != WORLD - 1 else [0.2, 0.35, 0.45]
+    out = _expect_raise(lambda: list(MixtureSampler(sizes, weights, 700, seed=4)))
+    out["first_pass_ok"] = mine == padded[RANK::WORLD].tolist()
+    return out
+
+
 def guard_checkpoint_on_some_ranks() -> dict[str, Any]:
     """The last rank forgot load_state_dict: it is at epoch 0, from the start."""
     donor = DistributedSampler(1000, check_consistency=False)
@@ -335,6 +350,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         guard_two_fields,
         guard_in_loader,
         guard_weights,
+        guard_mixture_weights,
         guard_checkpoint_on_some_ranks,
         guard_num_replicas,
         guard_sampler_kind,

@@ -181,6 +181,14 @@ def test_guard_compares_the_weights_checksum(world):
         assert len(set(sums[:-1])) == 1 and sums[-1] != sums[0]
 
 
+def test_guard_compares_a_mixtures_weights(world):
+    _, res = results(world, "guard_mixture_weights")
+    assert all(r["first_pass_ok"] for r in res)
+    digests = res[0]["fields"]["weights"]
+    assert len(set(digests[:-1])) == 1 and digests[-1] != digests[0]
+    assert_raised_everywhere(res, {"weights": digests})
+
+
 def test_guard_catches_a_checkpoint_loaded_on_some_ranks(world):
     w, res = results(world, "guard_checkpoint_on_some_ranks")
     cursor = res[0]["cursor"]

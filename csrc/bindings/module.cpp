@@ -3,6 +3,7 @@
 PYBIND11_MODULE(_core, m) {
     m.doc() = "fastshard's compiled core: shard plans, orders and bulk fills.";
     register_iterator(m);
+    register_mixture(m);
     register_shard(m);
     register_weighted(m);
 }

@@ -16,6 +16,7 @@ namespace py = pybind11;
 #include "fastshard/shard.hpp"
 
 void register_iterator(py::module_& m);
+void register_mixture(py::module_& m);
 void register_shard(py::module_& m);
 void register_weighted(py::module_& m);
 
