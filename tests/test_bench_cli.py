@@ -293,9 +293,11 @@ def test_mixture_blend_sizes_stop_at_the_memory_limit_with_the_largest_that_fits
             "ok": True,
             "length": spec["n"],
             "count": spec["n"],
-            "total_s": [1e-3],
+            # mixture-indices: the best of each side (MixtureSampler, default order, np.arange).
+            "total_s": [2e-3, 1e-3, 1e-4] if spec["mode"] == "mixture-indices" else [1e-3],
             "first_s": [1e-6],
             "draw_s": [1e-6],
+            "rounds_s": [[2e-3], [1e-3], [1e-4]],
             "baseline_bytes": 50 * 2**20,
             "peak_bytes": 50 * 2**20 + growth,
             "growth_bytes": growth,
@@ -319,6 +321,8 @@ def test_mixture_blend_sizes_stop_at_the_memory_limit_with_the_largest_that_fits
     assert 10**8 not in [s["n"] for s in calls if s["mode"] == "blend-index"]
     table = _bench.mixture.render_mixture(section)
     assert "| 4.2e7 |" in table and "the largest n that fits" in table
+    if _bench.mixture.has_mixture_sampler():
+        assert "| 2.00x | 20.00x | 10.00x | yes |" in table
 
 
 @linux_only

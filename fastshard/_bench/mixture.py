@@ -26,6 +26,7 @@ import argparse
 import importlib
 import importlib.util
 import math
+import statistics
 import time
 from typing import Any
 
@@ -429,19 +430,13 @@ def run_mixture(args: argparse.Namespace, max_mem: int, repeat: int) -> dict[str
     }
 
 
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-
-
 def indices_ratios(case: dict[str, Any]) -> dict[str, float]:
     """Per-round ratios of a ``mixture-indices`` case, each the median over its rounds."""
     mix, default, floor = case["rounds_s"]
     return {
-        "mixture_over_default": _median([a / b for a, b in zip(mix, default) if b > 0]),
-        "mixture_over_arange": _median([a / b for a, b in zip(mix, floor) if b > 0]),
-        "default_over_arange": _median([a / b for a, b in zip(default, floor) if b > 0]),
+        "mixture_over_default": statistics.median([a / b for a, b in zip(mix, default) if b > 0]),
+        "mixture_over_arange": statistics.median([a / b for a, b in zip(mix, floor) if b > 0]),
+        "default_over_arange": statistics.median([a / b for a, b in zip(default, floor) if b > 0]),
     }
 
 
