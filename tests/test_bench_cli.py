@@ -162,7 +162,8 @@ def test_cases_predicted_too_big_are_skipped_and_slow_ones_take_a_prefix(monkeyp
             "growth_bytes": 100 * spec["n"] if slow else 8 * length,
         }
 
-    monkeypatch.setattr(_bench, "run_case", fake_run_case)
+    # run_bench (in the runner module) starts each child through its run_case.
+    monkeypatch.setattr(_bench.runner, "run_case", fake_run_case)
     args = _args(
         *("--sizes", "1e4,1e5,1e6,1e7", "--world", "1", "--only", "list,arange"),
         *("--max-mem", "500MiB", "--budget", "30", "--prefix", "1000"),
@@ -246,3 +247,121 @@ def test_core_targets_take_each_ratio_the_right_way_round():
         is None
     )
     assert "| **no** |" in "\n".join(_bench.render_targets(results))
+
+
+def test_weighted_n_zero_skips_the_weighted_comparison():
+    # Its help says "0 skips it": the option must accept 0 (and still refuse the rest).
+    assert _args("--weighted-n", "0").weighted_n == 0
+    assert _args("--weighted-n", "1e3").weighted_n == 1000
+    with pytest.raises(SystemExit):
+        _args("--weighted-n", "-1")
+
+
+@pytest.mark.parametrize(
+    ("n", "weights"),
+    [(1000, (0.5, 0.3, 0.2)), (997, (1, 1, 1)), (61, (0.9, 0.05, 0.05)), (50, (1, 0, 2))],
+)
+def test_blended_index_merges_each_datasets_points_and_keeps_every_prefix_in_proportion(n, weights):
+    # The closed-form scatter against the merge it computes, built here by sorting the exact
+    # points (2j + 1) / (2 m_c), ties to the lower dataset; chunk=7 crosses chunk boundaries.
+    from fractions import Fraction
+
+    m = _bench.mixture.quotas(n, weights)
+    assert sum(m) == n and all(abs(mc - n * w / sum(weights)) < 1 for mc, w in zip(m, weights))
+    merged = sorted(
+        (Fraction(2 * j + 1, 2 * mc), c, j) for c, mc in enumerate(m) for j in range(mc)
+    )
+    dataset_index, sample_index = _bench.mixture.blended_index(n, weights, chunk=7)
+    assert dataset_index.dtype == "int16" and sample_index.dtype == "int64"
+    assert dataset_index.tolist() == [c for _, c, _ in merged]
+    assert sample_index.tolist() == [j for _, _, j in merged]
+    # Megatron's guarantee: every prefix holds each dataset's share to within one sample.
+    counts = [0] * len(m)
+    for t, c in enumerate(dataset_index.tolist(), start=1):
+        counts[c] += 1
+        assert all(abs(counts[d] - t * m[d] / n) <= 1 for d in range(len(m)))
+
+
+def test_mixture_blend_sizes_stop_at_the_memory_limit_with_the_largest_that_fits(monkeypatch):
+    # Stand-in children: a blended index grows by 10 bytes a sample over a 50 MiB baseline.
+    calls = []
+
+    def fake_run_case(spec, timeout, max_mem):
+        calls.append(spec)
+        growth = 10 * spec["n"] if spec["mode"] == "blend-index" else 0
+        return {
+            "ok": True,
+            "length": spec["n"],
+            "count": spec["n"],
+            # mixture-indices: the best of each side (MixtureSampler, default order, np.arange).
+            "total_s": [2e-3, 1e-3, 1e-4] if spec["mode"] == "mixture-indices" else [1e-3],
+            "first_s": [1e-6],
+            "draw_s": [1e-6],
+            "rounds_s": [[2e-3], [1e-3], [1e-4]],
+            "baseline_bytes": 50 * 2**20,
+            "peak_bytes": 50 * 2**20 + growth,
+            "growth_bytes": growth,
+            "bytes_per_sample": 10,
+            "first_value": 0,
+        }
+
+    monkeypatch.setattr(_bench.mixture, "run_case", fake_run_case)
+    args = _args("--mixture", "--mixture-max-n", "1e9", "--timeout", "60")
+    section = _bench.mixture.run_mixture(args, max_mem=500 * 2**20, repeat=1)
+    blends = [c for c in section["cases"] if c["mode"] == "blend-index"]
+    # 1e6 and 1e7 fit (10 MB, 100 MB); 1e8 would need 1 GB: skipped, then the largest that
+    # fits, 0.9 * 450 MiB / 10 bytes = 42,467,328, rounded down to 4.2e7.
+    assert [(c["n"], c["role"], c["ok"]) for c in blends] == [
+        (10**6, "blend", True),
+        (10**7, "blend", True),
+        (10**8, "blend", False),
+        (42_000_000, "blend-fit", True),
+    ]
+    assert blends[2]["error"].startswith("skipped: predicted peak")
+    assert 10**8 not in [s["n"] for s in calls if s["mode"] == "blend-index"]
+    table = _bench.mixture.render_mixture(section)
+    assert "| 4.2e7 |" in table and "the largest n that fits" in table
+    if _bench.mixture.has_mixture_sampler():
+        assert "| 2.00x | 20.00x | 10.00x | yes |" in table
+
+
+@linux_only
+def test_mixture_section_runs_at_a_tiny_size_and_prints_its_rows(tmp_path):
+    out = tmp_path / "out"
+    proc = _bench_cli(
+        tmp_path,
+        *("--quick", "--sizes", "1000", "--only", "list", "--weighted-n", "0", "--no-progress"),
+        *("--mixture", "--mixture-max-n", "2e4", "--mixture-draws", "1000"),
+        *("--mixture-indices-n", "1e4", "--out", str(out)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {}
+    for line in proc.stdout.split("\nMixtures of three datasets")[1].splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells and cells[0] not in ("case", "---", "n") and not cells[0].startswith("-"):
+            rows.setdefault(cells[0], []).append(cells)
+    blend = rows["Megatron-style blended index (NumPy: int16 + int64 arrays)"]
+    assert [r[1] for r in blend] == ["1e4", "2e4"]
+    assert all(r[2].endswith(("µs", "ms", " s")) and r[5].startswith("10 bytes") for r in blend)
+    mixture = json.loads((out / "results.json").read_text(encoding="utf-8"))["mixture"]
+    cases = {(c["mode"], c["n"]): c for c in mixture["cases"]}
+    assert all(cases["blend-index", n]["ok"] for n in (10**4, 2 * 10**4))
+    # The first sample goes to the heaviest dataset (0), as Megatron's first choice does.
+    assert cases["blend-index", 10**4]["first_value"] == 0
+    if importlib.util.find_spec("torchdata") is not None:
+        (draws,) = rows["torchdata MultiNodeWeightedSampler"]
+        assert draws[1] == "1e10; 1e3 draws" and draws[3].endswith(" ns")
+        assert 0 <= cases["mnws", 10**10]["first_value"] < 10**10
+    if hasattr(fastshard, "MixtureSampler"):
+        (first,) = rows["fastshard MixtureSampler"]
+        assert first[1] == "1e10" and first[2].endswith(("µs", "ms", " s"))
+        reference = fastshard.MixtureSampler(
+            _bench.mixture.split_sizes(10**10), list(_bench.mixture.WEIGHTS), num_replicas=8, rank=0
+        )
+        assert cases["mixture-first", 10**10]["first_value"] == reference[0]
+        pair = cases["mixture-indices", 10**4]
+        assert pair["ok"] and len(pair["rounds_s"]) == 3
+        assert all(len(r) == _bench.mixture.INDICES_ROUNDS for r in pair["rounds_s"])
+        assert "| 1e4 |" in proc.stdout.split("`indices()` of rank 0")[1]
+    else:
+        assert "not run: this fastshard has no MixtureSampler" in proc.stdout
