@@ -187,12 +187,14 @@ constexpr std::size_t kChunk = 1024;
 // Up to this many datasets, a slot's dataset is found by counting the window's boundaries
 // below it; above, by binary search.
 constexpr std::size_t kLinearK = 8;
+// Up to this many datasets, a chunk is grouped by one scan per dataset; above, by a counting sort.
+constexpr std::size_t kScanK = 4;
 
 // Per-call working state of a fill: the current window and the datasets' permutations.
 // Local to one fill_range call, so threads never share it.
 struct MixtureCursor {
     explicit MixtureCursor(std::size_t k)
-        : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), one_order(k), inner(k),
+        : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), delta(k), one_order(k), inner(k),
           inner_key(k, 0), bucket(k + 1), mixed(k), chunk_key_set(k), chunk_key(k) {}
 
     std::vector<std::uint64_t> lo, hi, prefix, scratch;  // C(begin), C(end), window prefix
@@ -201,8 +203,9 @@ struct MixtureCursor {
     std::optional<Feistel> slots;      // the window's interleave
     // Per dataset in the window: ordinal = slot + base; and when all its ordinals here walk
     // one permutation (one_order), position = ordinal - shift in the permutation of `key`.
-    std::vector<std::uint64_t> base, shift, key;
+    std::vector<std::uint64_t> base, shift, key, delta;  // delta = base - shift
     std::vector<char> one_order;
+    bool all_one_order = false;
     // Per dataset: the latest permutation built, and its key.
     std::vector<std::optional<Feistel>> inner;
     std::vector<std::uint64_t> inner_key;
@@ -273,6 +276,12 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
                 cur.shift[c] = lo - pos;  // mod 2^64
             }
         }
+        cur.all_one_order = true;
+        for (std::size_t c = 0; c < k; ++c) {
+            if (cur.hi[c] == cur.lo[c]) continue;  // no slot of this window maps to c
+            cur.all_one_order = cur.all_one_order && cur.one_order[c] != 0;
+            cur.delta[c] = cur.base[c] - cur.shift[c];
+        }
         cur.slots.emplace(cur.end - cur.begin, derive_key(kMixWindowDomain, m, seed_, epoch_),
                           kMixWindowTableMax);
         cur.window = m;
@@ -326,6 +335,18 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
             std::uint64_t* xs = x + len;
             for (std::size_t i = 0; i < seg; ++i) xs[i] = j - cur.begin + i * w;
             cur.slots->apply(xs, seg);
+            if (cur.all_one_order && k <= kLinearK) {
+                // The common case, without branches: every dataset's draws in this window walk
+                // one permutation, position = slot + delta.
+                for (std::size_t i = 0; i < seg; ++i) {
+                    const std::uint64_t slot = xs[i];
+                    std::uint32_t c = 0;
+                    for (std::size_t b = 1; b < k; ++b) c += slot >= cur.prefix[b] ? 1U : 0U;
+                    tag[len + i] = c;
+                    xs[i] = slot + cur.delta[c];
+                    keys[len + i] = cur.key[c];
+                }
+            } else {
             for (std::size_t i = 0; i < seg; ++i) {
                 const std::uint64_t slot = xs[i];
                 std::uint32_t c = 0;
@@ -346,6 +367,7 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
                     locate(c, o, xs[i], keys[len + i]);
                 }
             }
+            }
             // A dataset whose draws in this chunk all walk one permutation needs no search
             // for runs of equal keys later.
             for (std::size_t c = 0; c < k; ++c) {
@@ -362,21 +384,35 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
 
         // Each dataset's draws through its permutations, on long arrays.
         std::int64_t* dst = out + done;
-        // Counting sort of the chunk by dataset (stable), positions moved along.
-        std::fill(cur.bucket.begin(), cur.bucket.end(), 0U);
-        for (std::size_t i = 0; i < len; ++i) ++cur.bucket[tag[i] + 1];
-        for (std::size_t c = 0; c < k; ++c) cur.bucket[c + 1] += cur.bucket[c];
-        for (std::size_t i = 0; i < len; ++i) {
-            const std::uint32_t at = cur.bucket[tag[i]]++;
-            order[at] = static_cast<std::uint32_t>(i);
-            gathered[at] = x[i];
-        }
-        std::size_t g = 0;
-        while (g < len) {
-            const std::size_t c = tag[order[g]];
-            const std::size_t e = cur.bucket[c];  // the end of c's run after the placement
-            permute(c, order + g, gathered + g, e - g, dst);
-            g = e;
+        if (k <= kScanK) {
+            // A few datasets: one scan per dataset gathers its draws without branches (a
+            // counting sort's increments of one counter would wait on each other).
+            for (std::size_t c = 0; c < k; ++c) {
+                std::size_t m = 0;
+                for (std::size_t i = 0; i < len; ++i) {
+                    order[m] = static_cast<std::uint32_t>(i);
+                    gathered[m] = x[i];
+                    m += tag[i] == c ? 1 : 0;
+                }
+                if (m != 0) permute(c, order, gathered, m, dst);
+            }
+        } else {
+            // Counting sort of the chunk by dataset (stable), positions moved along.
+            std::fill(cur.bucket.begin(), cur.bucket.end(), 0U);
+            for (std::size_t i = 0; i < len; ++i) ++cur.bucket[tag[i] + 1];
+            for (std::size_t c = 0; c < k; ++c) cur.bucket[c + 1] += cur.bucket[c];
+            for (std::size_t i = 0; i < len; ++i) {
+                const std::uint32_t at = cur.bucket[tag[i]]++;
+                order[at] = static_cast<std::uint32_t>(i);
+                gathered[at] = x[i];
+            }
+            std::size_t g = 0;
+            while (g < len) {
+                const std::size_t c = tag[order[g]];
+                const std::size_t e = cur.bucket[c];  // the end of c's run after the placement
+                permute(c, order + g, gathered + g, e - g, dst);
+                g = e;
+            }
         }
         done += len;
     }
