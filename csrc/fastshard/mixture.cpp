@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "fastshard/feistel.hpp"
 #include "fastshard/mix.hpp"
@@ -184,8 +185,7 @@ class MixtureShard final : public Shard {
 // Draws staged per round of a fill: several windows' worth when a rank takes few draws of
 // each, so that each dataset's permutation runs on long arrays.
 constexpr std::size_t kChunk = 1024;
-// Up to this many datasets, a slot's dataset is found by counting the window's boundaries
-// below it; above, by binary search.
+// Up to this many datasets, a slot's dataset is found by counting (see dataset_of).
 constexpr std::size_t kLinearK = 8;
 // Up to this many datasets, a chunk is grouped by one scan per dataset; above, by a counting sort.
 constexpr std::size_t kScanK = 4;
@@ -202,7 +202,8 @@ struct MixtureCursor {
     std::uint64_t begin = 0, end = 0;  // the window's draws [begin, end)
     std::optional<Feistel> slots;      // the window's interleave
     // Per dataset in the window: ordinal = slot + base; and when all its ordinals here walk
-    // one permutation (one_order), position = ordinal - shift in the permutation of `key`.
+    // one permutation (one_order), position = ordinal - shift = slot + delta in the
+    // permutation of `key`.
     std::vector<std::uint64_t> base, shift, key, delta;  // delta = base - shift
     std::vector<char> one_order;
     bool all_one_order = false;
@@ -256,35 +257,42 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
         cur.end = s.boundary(m + 1);
         s.cumulative(cur.end, cur.hi.data(), cur.scratch);
         cur.prefix[0] = 0;
+        bool all_one_order = true;
         for (std::size_t c = 0; c < k; ++c) {
             const std::uint64_t lo = cur.lo[c], hi = cur.hi[c], size = sizes[c];
             cur.prefix[c + 1] = cur.prefix[c] + (hi - lo);
             cur.base[c] = lo - cur.prefix[c];  // mod 2^64
+            // Whether all of c's ordinals here, [lo, hi), walk one permutation: the partial
+            // pass always does (hi <= the epoch's draws); a whole pass when hi stays in it.
+            // Then position = ordinal - shift, slot + delta.
             cur.one_order[c] = 0;
             if (hi == lo) continue;
-            if (lo < full_[c]) {
-                const std::uint64_t pass_base = lo / size * size;
-                if (hi <= pass_base + size) {  // within one whole pass
-                    cur.one_order[c] = 1;
-                    cur.shift[c] = pass_base;
-                    cur.key[c] = sub_key(pass_keys_[c], lo / size);
-                }
-            } else {  // within the partial pass
-                std::uint64_t pos = 0;
-                locate(c, lo, pos, cur.key[c]);
-                cur.one_order[c] = 1;
-                cur.shift[c] = lo - pos;  // mod 2^64
-            }
-        }
-        cur.all_one_order = true;
-        for (std::size_t c = 0; c < k; ++c) {
-            if (cur.hi[c] == cur.lo[c]) continue;  // no slot of this window maps to c
-            cur.all_one_order = cur.all_one_order && cur.one_order[c] != 0;
+            std::uint64_t pos = 0;
+            locate(c, lo, pos, cur.key[c]);
+            cur.shift[c] = lo - pos;  // mod 2^64
             cur.delta[c] = cur.base[c] - cur.shift[c];
+            cur.one_order[c] = lo >= full_[c] || hi - cur.shift[c] <= size ? 1 : 0;
+            all_one_order = all_one_order && cur.one_order[c] != 0;
         }
+        cur.all_one_order = all_one_order;
         cur.slots.emplace(cur.end - cur.begin, derive_key(kMixWindowDomain, m, seed_, epoch_),
                           kMixWindowTableMax);
         cur.window = m;
+    };
+
+    // The dataset of a window's slot: the number of the window's dataset boundaries at or
+    // below it. Counted without branches for a few datasets (the datasets of neighbouring
+    // slots are random, so a search mispredicts); searched for more. `Linear` is decided
+    // once per segment, outside the loops over its draws.
+    auto dataset_of = [&](std::uint64_t slot, auto linear) -> std::uint32_t {
+        if constexpr (decltype(linear)::value) {
+            std::uint32_t c = 0;
+            for (std::size_t b = 1; b < k; ++b) c += slot >= cur.prefix[b] ? 1U : 0U;
+            return c;
+        } else {
+            return static_cast<std::uint32_t>(
+                std::upper_bound(cur.prefix.begin() + 1, cur.prefix.end(), slot) - (cur.prefix.begin() + 1));
+        }
     };
 
     std::uint64_t x[kChunk];     // window offset -> slot -> position in its permutation
@@ -335,38 +343,32 @@ void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_
             std::uint64_t* xs = x + len;
             for (std::size_t i = 0; i < seg; ++i) xs[i] = j - cur.begin + i * w;
             cur.slots->apply(xs, seg);
-            if (cur.all_one_order && k <= kLinearK) {
-                // The common case, without branches: every dataset's draws in this window walk
-                // one permutation, position = slot + delta.
+            // Each draw's dataset, and its position in the permutation of its key.
+            auto place = [&](auto linear) {
+                if (cur.all_one_order) {  // the common case, without a branch per draw
+                    for (std::size_t i = 0; i < seg; ++i) {
+                        const std::uint32_t c = dataset_of(xs[i], linear);
+                        tag[len + i] = c;
+                        xs[i] += cur.delta[c];
+                        keys[len + i] = cur.key[c];
+                    }
+                    return;
+                }
                 for (std::size_t i = 0; i < seg; ++i) {
-                    const std::uint64_t slot = xs[i];
-                    std::uint32_t c = 0;
-                    for (std::size_t b = 1; b < k; ++b) c += slot >= cur.prefix[b] ? 1U : 0U;
+                    const std::uint32_t c = dataset_of(xs[i], linear);
                     tag[len + i] = c;
-                    xs[i] = slot + cur.delta[c];
-                    keys[len + i] = cur.key[c];
+                    if (cur.one_order[c]) {
+                        xs[i] += cur.delta[c];
+                        keys[len + i] = cur.key[c];
+                    } else {
+                        locate(c, xs[i] + cur.base[c], xs[i], keys[len + i]);
+                    }
                 }
+            };
+            if (k <= kLinearK) {
+                place(std::true_type{});
             } else {
-            for (std::size_t i = 0; i < seg; ++i) {
-                const std::uint64_t slot = xs[i];
-                std::uint32_t c = 0;
-                if (k <= kLinearK) {
-                    // Count the boundaries at or below the slot, without branches: the
-                    // datasets of neighbouring slots are random, so a search mispredicts.
-                    for (std::size_t b = 1; b < k; ++b) c += slot >= cur.prefix[b] ? 1U : 0U;
-                } else {
-                    c = static_cast<std::uint32_t>(std::upper_bound(cur.prefix.begin() + 1, cur.prefix.end(), slot) -
-                                                   (cur.prefix.begin() + 1));
-                }
-                const std::uint64_t o = slot + cur.base[c];
-                tag[len + i] = c;
-                if (cur.one_order[c]) {
-                    xs[i] = o - cur.shift[c];
-                    keys[len + i] = cur.key[c];
-                } else {
-                    locate(c, o, xs[i], keys[len + i]);
-                }
-            }
+                place(std::false_type{});
             }
             // A dataset whose draws in this chunk all walk one permutation needs no search
             // for runs of equal keys later.
