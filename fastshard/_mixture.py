@@ -43,11 +43,9 @@ def _dataset_sizes(sizes: Any) -> list[int]:
             n = int(item)
         elif hasattr(type(item), "__len__"):
             try:
-                n = _validate.integer(type(item).__len__(item), f"len({name})")
-            except TypeError as err:
-                raise TypeError(
-                    f"{name}: len() of this {type(item).__name__} fails: {err}"
-                ) from err
+                n = _validate.length(item)  # the datasets' own rule: lengths up to 2**63 - 1
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"{name}: {err}") from err
         else:
             raise TypeError(
                 f"{name} must be a dataset length (int) or a dataset (with __len__), got "
