@@ -1,5 +1,6 @@
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "fastshard/weighted.hpp"
 #include "pybind.hpp"
@@ -70,6 +71,20 @@ void register_weighted(py::module_& m) {
              }), py::arg("weights"), py::kw_only(),
              py::arg("_segment") = fastshard::AliasTable::kSweepSegment,
              "`_segment`: items per parallel sweep segment, a multiple of 4096 (for tests).")
+        .def(py::pickle(
+            [](const fastshard::AliasTable& t) {
+                return py::make_tuple(t.size(), py::bytes(static_cast<const char*>(t.data()), t.bytes()));
+            },
+            [](const py::tuple& state) {
+                if (state.size() != 2) throw py::value_error("an AliasTable state is (n, bytes)");
+                const auto n = state[0].cast<std::uint64_t>();
+                const std::string raw = state[1].cast<std::string>();
+                try {
+                    return std::make_shared<fastshard::AliasTable>(n, raw.data(), raw.size());
+                } catch (const std::invalid_argument& e) {
+                    throw py::value_error(e.what());
+                }
+            }))
         .def("__len__", &fastshard::AliasTable::size)
         .def_property_readonly("nbytes", &fastshard::AliasTable::bytes)
         .def("probability", [](const fastshard::AliasTable& t, std::uint64_t i) {

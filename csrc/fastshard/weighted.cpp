@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include "fastshard/mix.hpp"
@@ -166,6 +167,25 @@ AliasTable::AliasTable(const double* w, std::uint64_t n, const WeightsSummary& s
         build(small_, data, q_scale, segment);
     } else {
         build(large_, data, q_scale, segment);
+    }
+}
+
+AliasTable::AliasTable(std::uint64_t n, const void* bytes, std::size_t size) : n_(n) {
+    auto restore = [&](auto& table) {
+        using Bucket = typename std::remove_reference_t<decltype(table)>::element_type;
+        if (n == 0 || size / sizeof(Bucket) != n || size % sizeof(Bucket) != 0)
+            throw std::invalid_argument("an alias table's bytes do not match its number of items");
+        table = make_huge_array<Bucket>(static_cast<std::size_t>(n));
+        std::memcpy(table.get(), bytes, size);
+        for (std::uint64_t b = 0; b < n; ++b)
+            if (static_cast<std::uint64_t>(table[b].alias) >= n ||
+                static_cast<std::uint64_t>(table[b].threshold) > kFull)
+                throw std::invalid_argument("an alias table's bytes hold a bucket out of range");
+    };
+    if (n <= (std::uint64_t{1} << 32)) {
+        restore(small_);
+    } else {
+        restore(large_);
     }
 }
 

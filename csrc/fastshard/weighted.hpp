@@ -58,6 +58,15 @@ class AliasTable {
     AliasTable(const double* w, std::uint64_t n, const WeightsSummary& summary,
                std::uint64_t segment = kSweepSegment);
 
+    // A table restored from the bytes of data() (its n buckets, as bytes() of them): for
+    // pickling. Throws std::invalid_argument when the size does not match n or a bucket's
+    // alias is out of range.
+    AliasTable(std::uint64_t n, const void* bytes, std::size_t size);
+    // The buckets' storage, bytes() long.
+    const void* data() const noexcept {
+        return small_ ? static_cast<const void*>(small_.get()) : static_cast<const void*>(large_.get());
+    }
+
     std::uint64_t size() const noexcept { return n_; }
     std::size_t bytes() const noexcept {
         return static_cast<std::size_t>(n_) * (small_ ? sizeof(Small) : sizeof(Large));
