@@ -97,16 +97,29 @@ MixtureSpec::MixtureSpec(std::vector<std::uint64_t> sizes, std::vector<std::uint
     }
     period_ = period;
     windows_ = draws / period + (draws % period != 0 ? 1 : 0);
-    if (windows_ >= 2 && draws / windows_ < min_window_)
+    if (!period_fits(period)) {
+        // Whether a period fits is monotone in the period (fewer, longer windows), so the
+        // smallest one that fits is found by bisection; `draws` itself (one window) fits.
+        std::uint64_t lo = period + 1, hi = draws;
+        while (lo < hi) {
+            const std::uint64_t mid = lo + (hi - lo) / 2;
+            if (period_fits(mid)) hi = mid; else lo = mid + 1;
+        }
         throw std::invalid_argument(
             "period=" + std::to_string(period) + " is too short for the smallest weight: its "
             "windows of " + std::to_string(draws / windows_) + " draws give that dataset a "
-            "target below one draw per window, which rounding cannot keep monotone; use "
-            "period >= " + std::to_string(min_window_ > kMaxLength / 2 ? kMaxLength : 2 * min_window_) +
-            " (or leave period=None)");
+            "target below one draw per window, which rounding cannot keep monotone; the "
+            "smallest period that works for these weights and num_samples is " +
+            std::to_string(lo) + " (or leave period=None)");
+    }
     per_epoch_.assign(k, 0);
     std::vector<std::uint64_t> scratch;
     cumulative(draws_, per_epoch_.data(), scratch);
+}
+
+bool MixtureSpec::period_fits(std::uint64_t period) const noexcept {
+    const std::uint64_t windows = draws_ / period + (draws_ % period != 0 ? 1 : 0);
+    return windows < 2 || draws_ / windows >= min_window_;
 }
 
 std::uint64_t MixtureSpec::boundary(std::uint64_t m) const noexcept {

@@ -80,6 +80,8 @@ class MixtureSpec {
     std::uint64_t min_window() const noexcept { return min_window_; }
 
   private:
+    // Whether windows of `period` draws give every dataset a target of at least one draw.
+    bool period_fits(std::uint64_t period) const noexcept;
     std::vector<std::uint64_t> sizes_;
     std::vector<std::uint64_t> units_;
     std::vector<std::uint64_t> offsets_;
