@@ -179,15 +179,23 @@ def _describe(field: str, values: list[Any]) -> str:
     return f"{field}: " + "; ".join(f"{v} on {_ranks(rs)}" for v, rs in by_value.items())
 
 
-def check(sampler: Checked) -> None:
+def check(sampler: Checked, together: int = 0) -> None:
     """Raise InconsistentRanksError on every rank unless all ranks' samplers agree.
 
     Runs at the start of each pass (each ``__iter__``, which a training loop calls once per
     epoch), with an initialised process group of two or more processes, outside DataLoader
     workers, unless the sampler was built with ``check_consistency=False``. One all_gather of
     ``WIDTH`` int64s.
+
+    A sampler with ``num_replicas=1`` is not sharded over the group, so nothing says every
+    process iterates it (rank 0 evaluating alone is an everyday pattern, and a collective
+    there would hang every rank): it is checked only where ``together`` (the processes known
+    to iterate it at once, as accelerate's BatchSamplerShard does on every process) is at
+    least 2.
     """
     if not sampler.check_consistency:
+        return
+    if sampler.num_replicas == 1 and together < 2:
         return
     world = _world_size()
     if world < 2:

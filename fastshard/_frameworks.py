@@ -14,10 +14,13 @@ import sys
 from types import FrameType
 from typing import Any
 
-# How many frames above the sampler's iteration to look for accelerate's wrapper. The chain
-# is short: fastshard's __iter__ <- torch's BatchSampler.__iter__ <- BatchSamplerShard's
-# generator <- the DataLoader iterator's _next_index.
-_DEPTH = 12
+import torch.distributed as dist
+
+# How many frames above the sampler's iteration to look for accelerate's wrapper. The usual
+# chain is short: fastshard's __iter__ <- torch's BatchSampler.__iter__ <- BatchSamplerShard's
+# generator <- the DataLoader iterator's _next_index. The longest seen is about 12: a
+# StatefulDataLoader's workers prefetching from inside DataLoaderDispatcher.__init__.
+_DEPTH = 24
 _ACCELERATE = "accelerate.data_loader"
 # accelerate's classes that split one DataLoader's batches over its processes.
 _SPLITTERS = ("BatchSamplerShard", "DataLoaderDispatcher")
@@ -46,24 +49,42 @@ def _processes(splitter: Any) -> int:
     n = getattr(splitter, "num_processes", None)
     if n is None:  # DataLoaderDispatcher keeps it in its state
         n = getattr(getattr(splitter, "state", None), "num_processes", None)
-    return 1 if n is None else int(n)
+    if n is None:
+        # DataLoaderDispatcher.__init__ already iterates the loader before it has a state:
+        # with use_stateful_dataloader=True it calls StatefulDataLoader.state_dict(), which
+        # starts the workers and prefetches batches. accelerate's processes are the process
+        # group's.
+        n = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return int(n)
 
 
-def check_not_resharded(sampler: Any) -> None:
-    """Raise ReshardedError when ``sampler`` shards over ranks (num_replicas > 1) and is
-    iterated inside accelerate's batch splitting over several processes."""
-    if sampler.num_replicas == 1:
-        return
+def accelerate_split() -> tuple[str, int]:
+    """(the accelerate class splitting the calling iteration's batches, its number of
+    processes), or ("", 0) when no accelerate splitter is iterating us.
+
+    ``BatchSamplerShard`` runs on every process (each iterates the whole batch sampler and
+    keeps its share); ``DataLoaderDispatcher`` iterates the loader on process 0 only and
+    sends the batches to the others.
+    """
     splitter = _accelerate_splitter()
     if splitter is None:
-        return
-    processes = _processes(splitter)
-    if processes < 2:
+        return "", 0
+    return type(splitter).__name__, _processes(splitter)
+
+
+def check_not_resharded(sampler: Any, splitter: str, processes: int) -> None:
+    """Raise ReshardedError when ``sampler`` shards over ranks (num_replicas > 1) and
+    accelerate splits it over several processes again (``splitter, processes`` from
+    :func:`accelerate_split`): when a ``BatchSamplerShard`` iterates it, and when a
+    ``DataLoaderDispatcher`` iterates it or sets its epoch (which every process does at the
+    start of each iteration, while only process 0 iterates the sampler: so every process
+    raises, not only process 0)."""
+    if sampler.num_replicas == 1 or processes < 2:
         return
     kind = type(sampler).__name__
     raise ReshardedError(
         f"fastshard.{kind}(num_replicas={sampler.num_replicas}, rank={sampler.rank}) is being "
-        f"iterated by a DataLoader that accelerate prepared ({type(splitter).__name__}), which "
+        f"used by a DataLoader that accelerate prepared ({splitter}), which "
         f"splits the loader's batches over its {processes} processes again: each process would "
         f"train on 1/{processes} of its own shard, and all of them together on about "
         f"1/{processes} of the data. Under accelerate (and the transformers Trainer), build the "
@@ -71,3 +92,32 @@ def check_not_resharded(sampler: Any) -> None:
         "num_replicas=1, rank=0), the same seed on every process. See "
         "https://github.com/fastshard/fastshard/blob/main/docs/frameworks.md#accelerate"
     )
+
+
+# Where Lightning rebuilds a DataLoader's batch sampler (as cls(sampler, batch_size=...,
+# drop_last=...)); in predict it always does, even with use_distributed_sampler=False.
+_LIGHTNING = ("lightning.pytorch.utilities.data", "pytorch_lightning.utilities.data")
+_REBUILD = "_dataloader_init_kwargs_resolve_sampler"
+
+
+def lightning_predict_original(kind: type) -> Any:
+    """The batch sampler of class ``kind`` that Lightning's predict loop is rebuilding, when
+    the caller's constructor runs inside that rebuild; else None.
+
+    Lightning's predict loop rebuilds every batch sampler with the DataLoader's own
+    ``sampler`` (a SequentialSampler when the loader was given a batch_sampler), which
+    carries nothing of the fastshard configuration; the original batch sampler is still on
+    the DataLoader being rebuilt, and is what the rebuilt one must continue.
+    """
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name == _REBUILD and frame.f_globals.get("__name__") in _LIGHTNING:
+            if not frame.f_locals.get("is_predicting"):
+                return None
+            original = getattr(frame.f_locals.get("dataloader"), "batch_sampler", None)
+            return original if isinstance(original, kind) else None
+        frame = frame.f_back
+    return None

@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _core, _distributed, _validate
+from . import _core, _distributed, _frameworks, _validate
 from ._sampler import _ShardSampler
 
 # Default sort window, in expected batches: each window is sorted by length and cut into
@@ -41,6 +41,13 @@ def _as_lengths(lengths: Any) -> np.ndarray:
             "(see docs/length-grouped.md)"
         )
     arr = _validate.host_array(lengths, "lengths", "integers")
+    if arr.dtype.kind in "fO" and isinstance(lengths, (list, tuple)):
+        # NumPy turns a list of Python ints beyond int64 into float64 or objects: name the one.
+        for i, v in enumerate(lengths):
+            if isinstance(v, (int, np.integer)) and not 0 <= v < 2**63:
+                raise ValueError(
+                    f"lengths[{i}] = {v} is out of range: lengths must be in [0, 2**63 - 1]"
+                )
     if arr.ndim != 1:
         raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
     if arr.size == 0:  # before the dtype: np.asarray([]) is float64
@@ -140,8 +147,15 @@ class LengthGroupedBatchSampler(_ShardSampler):
     seed : int or None
         As for :class:`DistributedSampler` (``None``: drawn on rank 0 and broadcast).
     drop_last : bool
-        Drop the tail of the epoch's batch sequence so that it divides over the ranks,
-        instead of repeating fewer than ``num_replicas`` batches from its start.
+        Drop the tail of the pass's batch sequence so that it divides over the ranks, instead
+        of repeating fewer than ``num_replicas`` batches from the epoch's start. A pass is the
+        epoch, or its rest after a resume: resumed on another number of ranks, fewer than
+        that number of the unconsumed batches are dropped.
+    pad : bool
+        ``False`` (with ``drop_last=False``): no repeats; every batch exactly once, rank
+        batch counts differ by at most one (for evaluation, and for a resume on another
+        number of ranks that trains every unconsumed batch exactly once). A training loop
+        with a collective per step needs equal counts: keep the default there.
     check_consistency : bool
         With a process group, check at each iteration that all ranks agree on the
         configuration, including a 64-bit checksum of the lengths.
@@ -168,9 +182,19 @@ class LengthGroupedBatchSampler(_ShardSampler):
         rank: int | None = None,
         seed: int | None = 0,
         drop_last: bool = False,
+        pad: bool = True,
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
+        if isinstance(lengths, Sampler):
+            original = _frameworks.lightning_predict_original(LengthGroupedBatchSampler)
+            if original is not None:
+                # Lightning's predict loop rebuilds every batch sampler around the DataLoader's
+                # default sampler: continue the one it rebuilds, with its drop_last=False.
+                self.__dict__.update(original.__getstate__())
+                self.__dict__["drop_last"] = _validate.flag(drop_last, "drop_last")
+                self._start_pass()
+                return
         arr = _as_lengths(lengths)  # first: refuses a framework's sampler (see _as_lengths)
         # The rule as ints, 0 for absent (the compiled layout's and the state's form); the
         # public attributes are None for absent.
@@ -192,11 +216,25 @@ class LengthGroupedBatchSampler(_ShardSampler):
             self._default_window(total / self._n) if sort_window is None else sort_window
         )
         self.shuffle = True
+        self.pad = _validate.flag(pad, "pad")
         self._set_shared_arguments(
             num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
         )
         self._layout: Any = None  # (epoch, _core.LengthEpoch) of the latest epoch used
         self._start_pass()
+
+    # fastshard.BatchSampler refuses to batch this sampler's batches again.
+    _yields_batches = True
+
+    @property
+    def sampler(self) -> LengthGroupedBatchSampler:
+        """The sampler of this batch sampler's items: itself.
+
+        Frameworks reach a batch sampler's order through ``batch_sampler.sampler`` (Lightning
+        calls ``dataloader.batch_sampler.sampler.set_epoch(epoch)`` every epoch, accelerate
+        too); this batch sampler is its own order, so that call sets its epoch.
+        """
+        return self
 
     def _default_window(self, mean: float) -> int:
         if self.batch_size:
@@ -228,11 +266,11 @@ class LengthGroupedBatchSampler(_ShardSampler):
         return int(self._epoch_layout().num_batches)
 
     def _plan_args(self) -> tuple[int, bool, bool]:
-        return self.num_batches, self.drop_last, True
+        return self.num_batches, self.drop_last, self.pad
 
     def _make_shard(self, cursor: int) -> _core.LengthShard:  # type: ignore[override]
         return _core.length_shard(
-            self._epoch_layout(), self.num_replicas, self.rank, self.drop_last, cursor
+            self._epoch_layout(), self.num_replicas, self.rank, self.drop_last, cursor, self.pad
         )
 
     def _config(self) -> dict[str, Any]:
@@ -244,6 +282,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
             "max_batch_size": self._rule[2],
             "sort_window": self.sort_window,
             "drop_last": self.drop_last,
+            "pad": self.pad,
             "lengths_checksum": self.lengths_checksum,
         }
 
@@ -258,8 +297,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
         return cast(_core.LengthShard, self._current())
 
     def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
-        self._begin_iteration()
-        _distributed.check(self)
+        _distributed.check(self, self._begin_iteration())
         it = _BatchIterator(self._length_shard())
         self._iterator = it
         return it
@@ -306,5 +344,5 @@ class LengthGroupedBatchSampler(_ShardSampler):
         return (
             f"{type(self).__name__}(n={self._n}, {rule}, sort_window={self.sort_window}, "
             f"num_replicas={self.num_replicas}, rank={self.rank}, seed={self.seed}, "
-            f"epoch={self.epoch}, drop_last={self.drop_last})"
+            f"epoch={self.epoch}, drop_last={self.drop_last}, pad={self.pad})"
         )

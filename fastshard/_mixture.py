@@ -59,31 +59,53 @@ def _dataset_sizes(sizes: Any) -> list[int]:
     return out
 
 
+def _is_dataset(item: Any) -> bool:
+    return hasattr(type(item), "__len__") and not isinstance(item, (str, bytes))
+
+
+def _integer_weights(weights: Any) -> list[int] | None:
+    """The weights as exact Python ints when they are given as integers (a list of ints,
+    an integer array or tensor), else None: integers above 2**53 keep every digit."""
+    if isinstance(weights, (list, tuple)):
+        if weights and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            for v in weights
+        ):
+            return [int(v) for v in weights]
+        return None
+    arr = weights.detach().cpu().numpy() if isinstance(weights, torch.Tensor) else weights
+    if isinstance(arr, np.ndarray) and arr.dtype.kind in "iu" and arr.ndim == 1:
+        return [int(v) for v in arr.tolist()]
+    return None
+
+
 def _mixture_weights(weights: Any, k: int) -> tuple[list[int] | list[float], list[int]]:
     """(the weights as given, for the state; their integer units for the C++ core).
 
     Integral weights adding up to at most 2**63 are their own units (exact shares); others
     are rounded to units adding up to 2**63 by largest remainders, in exact arithmetic.
+    Weights given as integers are exact at any size; others are read as float64.
     """
-    # One weight per dataset: k is small, so plain floats beat NumPy calls here.
-    w = _as_float64(weights).tolist()
+    ints = _integer_weights(weights)
+    # One weight per dataset: k is small, so plain Python numbers beat NumPy calls here.
+    w: list[Any] = ints if ints is not None else _as_float64(weights).tolist()
     if len(w) != k:
         raise ValueError(
             f"weights must have one entry per dataset: got {len(w)} weights for {k} sizes"
         )
     for c, v in enumerate(w):
-        if not (math.isfinite(v) and v >= 0):
+        if not ((isinstance(v, int) or math.isfinite(v)) and v >= 0):
             what = "NaN" if math.isnan(v) else ("infinite" if math.isinf(v) else "negative")
             raise ValueError(f"weights[{c}] = {v!r} is {what}; weights must be finite and >= 0")
     if not any(v > 0 for v in w):
         raise ValueError("weights are all zero; at least one must be positive")
-    integral = all(v == math.floor(v) for v in w)
+    integral = ints is not None or all(v == math.floor(v) for v in w)
     values: list[int] | list[float] = [int(v) for v in w] if integral else w
     if integral and sum(values) <= _UNIT_TOTAL:
         return values, [int(v) for v in values]
     # Exact integers: every float is a / 2**e, so over the largest denominator the weights
     # are integers A_c; unit c is A_c * 2**63 / sum(A), rounded by largest remainders.
-    ratios = [float(x).as_integer_ratio() for x in w]
+    ratios = [(v, 1) if isinstance(v, int) else float(v).as_integer_ratio() for v in values]
     denominator = max(b for _, b in ratios)
     numerators = [a * (denominator // b) for a, b in ratios]
     total = sum(numerators)
@@ -95,7 +117,7 @@ def _mixture_weights(weights: Any, k: int) -> tuple[list[int] | list[float], lis
     for c in range(k):
         if w[c] > 0 and units[c] == 0:
             raise ValueError(
-                f"weights[{c}] = {float(w[c])!r} is positive but below 2**-63 of the weights' sum: it "
+                f"weights[{c}] = {w[c]!r} is positive but below 2**-63 of the weights' sum: it "
                 "would never be drawn; set it to 0 or raise it"
             )
     return values, units
@@ -136,16 +158,23 @@ class MixtureSampler(_ShardSampler):
     sizes : sequence of int or of datasets, or a ConcatDataset
         The k >= 1 datasets' lengths (or the datasets, whose ``len()`` is read); their sum
         below ``2**63``.
-    weights : sequence of float
+    weights : sequence of float or of int
         k finite, non-negative proportions with a positive sum (need not add up to 1). A
-        dataset of length 0 must have weight 0.
+        dataset of length 0 must have weight 0. Integers (Python ints, an integer array or
+        tensor) are exact at any size; other weights are read as float64.
     num_samples : int, optional
         The epoch's global number of draws (default: the sum of the sizes). The attribute
         ``num_samples`` is, as for :class:`DistributedSampler`, this rank's count; the global
         one is ``num_draws``.
     num_replicas, rank, seed, drop_last
         As for :class:`DistributedSampler` (``seed=None``: a random seed drawn on rank 0 and
-        broadcast; needs a process group).
+        broadcast; needs a process group). ``drop_last`` drops the tail of each pass (the
+        epoch, or its rest after a resume) so that it divides over the ranks: resumed on
+        another number of ranks, fewer than that number of the unconsumed draws are dropped.
+    pad : bool
+        ``False`` (with ``drop_last=False``): no repeated draws; every draw of the epoch
+        exactly once, rank counts differ by at most one (for evaluation, and for a resume on
+        another number of ranks that makes every unconsumed draw exactly once).
     period : int, optional
         Draws per window (default 1024, or ``2 * ceil(1 / p_min)`` when the smallest positive
         share ``p_min`` is below ``1/512``). A period whose windows would give a dataset a
@@ -165,6 +194,7 @@ class MixtureSampler(_ShardSampler):
         drop_last: bool = False,
         *,
         period: int | None = None,
+        pad: bool = True,
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
@@ -186,9 +216,17 @@ class MixtureSampler(_ShardSampler):
         self._spec_cache: Any = _core.MixtureSpec(self.sizes, self._units, draws, period or 0)
         self.period = int(self._spec_cache.period)
         self.num_draws = draws
-        # torch's DistributedSampler has a `dataset`: the concatenation's items, lazily.
-        self.dataset = range(total)
+        # torch's DistributedSampler has a `dataset`: the ConcatDataset the indices address
+        # when the sampler was given one, else the concatenation's items as a lazy range.
+        self.dataset = (
+            sizes
+            if isinstance(sizes, ConcatDataset)
+            else ConcatDataset(sizes)
+            if isinstance(sizes, (list, tuple)) and all(_is_dataset(d) for d in sizes)
+            else range(total)
+        )
         self.shuffle = True
+        self.pad = _validate.flag(pad, "pad")
         self._set_shared_arguments(
             num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
         )
@@ -220,7 +258,7 @@ class MixtureSampler(_ShardSampler):
         return list(self._spec.per_epoch)
 
     def _plan_args(self) -> tuple[int, bool, bool]:
-        return self.num_draws, self.drop_last, True
+        return self.num_draws, self.drop_last, self.pad
 
     def _make_shard(self, cursor: int) -> _core.Shard:
         return _core.mixture_shard(
@@ -228,7 +266,7 @@ class MixtureSampler(_ShardSampler):
             self.num_replicas,
             self.rank,
             self.drop_last,
-            True,
+            self.pad,
             cursor,
             self.seed % 2**64,
             self.epoch % 2**64,
@@ -242,6 +280,7 @@ class MixtureSampler(_ShardSampler):
             "period": self.period,
             "seed": self.seed % 2**64,
             "drop_last": self.drop_last,
+            "pad": self.pad,
         }
 
     def __repr__(self) -> str:
@@ -249,5 +288,5 @@ class MixtureSampler(_ShardSampler):
             f"{type(self).__name__}(sizes={self.sizes}, weights={self.weights}, "
             f"num_samples={self.num_draws}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"seed={self.seed}, epoch={self.epoch}, drop_last={self.drop_last}, "
-            f"period={self.period})"
+            f"period={self.period}, pad={self.pad})"
         )

@@ -41,6 +41,32 @@ class _ShardSampler(_TorchDistributedSampler[int]):
     _epoch_warned: bool = False
     _resume_pending: bool = False
 
+    # Attributes fixed at construction: the order and the plan are built from them, so a
+    # later assignment would change the attribute (and repr) but not one index. torch's
+    # sampler reads them on every iteration, so torch-era code may assign them; here that
+    # raises instead of being ignored. (``epoch`` is the exception: assigning it is set_epoch.)
+    _FROZEN = frozenset(
+        {
+            "num_replicas", "rank", "shuffle", "seed", "drop_last", "pad", "dataset", "order",
+            "block_size", "window", "replacement", "num_draws", "sizes", "weights", "period",
+            "lengths", "batch_size", "max_tokens", "max_batch_size", "sort_window",
+        }
+    )  # fmt: skip
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "epoch" and "epoch" in self.__dict__:
+            # torch's set_epoch is `self.epoch = epoch`, so torch-era code assigns it.
+            self.set_epoch(value)
+            return
+        if name in self._FROZEN and name in self.__dict__:
+            raise AttributeError(
+                f"fastshard.{type(self).__name__}.{name} cannot be changed after construction: "
+                "the sampler's order and plan are built from it, so the new value would not "
+                f"change which items it yields. Build a new sampler with {name}={value!r} "
+                "instead (sampler.epoch can be assigned: it is set_epoch)."
+            )
+        object.__setattr__(self, name, value)
+
     def _set_shared_arguments(
         self,
         num_replicas: int | None,
@@ -83,7 +109,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         rnd: _state.Round | None = None,
         resumed: bool = False,
     ) -> None:
-        self.epoch = epoch
+        self.__dict__["epoch"] = epoch  # not through __setattr__, for which it is set_epoch
         # A state just loaded and not yet iterated: set_epoch(epoch) keeps it (see set_epoch).
         self._resume_pending = resumed
         # Positions of the epoch's global sequence consumed before this pass began (non-zero
@@ -96,12 +122,22 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         self._iterator: Any = None
         self._pass_done = False
 
-    def _begin_iteration(self) -> None:
+    def _begin_iteration(self) -> int:
         """At the start of every iteration (of this sampler, or of a BatchSampler over it):
         after a pass that ran to its end, with no set_epoch or load_state_dict since, advance
         the epoch (auto_epoch) or warn once that the same order comes again. First of all,
-        refuse to run under a framework layer that would shard this rank's shard again."""
-        _frameworks.check_not_resharded(self)
+        refuse to run under a framework layer that would shard this rank's shard again.
+
+        Returns how many processes iterate this sampler together, as accelerate's
+        ``BatchSamplerShard`` does on every process (0 when none is known to): what the
+        rank-consistency check needs to know of a sampler with ``num_replicas=1``.
+        """
+        splitter, processes = _frameworks.accelerate_split()
+        _frameworks.check_not_resharded(self, splitter, processes)
+        self._advance_if_done()
+        return processes if splitter == "BatchSamplerShard" else 0
+
+    def _advance_if_done(self) -> None:
         self._resume_pending = False
         it = self._iterator
         if (
@@ -128,7 +164,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
                 "epoch on each new iteration. (Warned once per sampler; filter it with "
                 "warnings.filterwarnings('ignore', category=fastshard.EpochWarning).)",
                 EpochWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -155,6 +191,9 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         training on its first part twice.
         """
         epoch = _validate.integer(epoch, "epoch")
+        # accelerate's DataLoaderDispatcher sets the epoch on every process but iterates the
+        # sampler on process 0 only: the one point where every process can refuse it.
+        _frameworks.check_not_resharded(self, *_frameworks.accelerate_split())
         if self._resume_pending and epoch == self.epoch:
             return
         self._start_pass(epoch, 0)
@@ -244,8 +283,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
-        self._begin_iteration()
-        _distributed.check(self)
+        _distributed.check(self, self._begin_iteration())
         it: Iterator[int] = self._current().iter(0)
         self._iterator = it
         return it
@@ -485,6 +523,19 @@ class BatchSampler(Sampler[list[int]]):
 
     def __init__(self, sampler: _ShardSampler, batch_size: int, drop_last: bool = False) -> None:
         if not isinstance(sampler, _ShardSampler):
+            original = _frameworks.lightning_predict_original(BatchSampler)
+            if original is not None:
+                # Lightning's predict loop rebuilds the batch sampler around the DataLoader's
+                # default sampler: continue the fastshard sampler the batches came from
+                # (with Lightning's drop_last=False, so that every item is predicted).
+                sampler = original.sampler
+        if getattr(sampler, "_yields_batches", False):
+            raise TypeError(
+                f"fastshard.BatchSampler was given a {type(sampler).__name__}, which yields "
+                "batches already: pass it to the DataLoader as "
+                "DataLoader(dataset, batch_sampler=sampler) instead of wrapping it"
+            )
+        if not isinstance(sampler, _ShardSampler):
             if isinstance(sampler, _TorchDistributedSampler):
                 # Lightning (Trainer(use_distributed_sampler=True), its default) rebuilds a
                 # DataLoader's batch_sampler around a torch DistributedSampler of its own,
@@ -535,8 +586,7 @@ class BatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         sampler = self.sampler
-        sampler._begin_iteration()
-        _distributed.check(sampler)
+        _distributed.check(sampler, sampler._begin_iteration())
         shard = sampler._current()
         size = self.batch_size
         end = len(shard) - len(shard) % size if self.drop_last else len(shard)

@@ -22,6 +22,10 @@ VERSION = 1
 ROUND_FIELDS = ("chunks", "size", "rem", "offset", "taken")
 Round = tuple[int, int, int, int, int]
 _MAX = 2**63 - 1
+# Configuration fields that came after the first version of a sampler's state, with the
+# value every state saved before them had: MixtureSampler's and LengthGroupedBatchSampler's
+# ``pad`` (0.3).
+_ADDED: dict[str, Any] = {"pad": True}
 
 
 def make(
@@ -96,6 +100,9 @@ def check(state: Any, config: dict[str, Any]) -> tuple[int, int, Round | None]:
         raise ValueError(
             f"unknown state version {version!r}; this fastshard reads version {VERSION}"
         )
+    # Fields added to a sampler's configuration after states were first saved: a state
+    # without one was saved with its default.
+    state = {**{k: v for k, v in _ADDED.items() if k in config}, **state}
     kinds = {key: type(value) for key, value in config.items()}
     kinds.update(epoch=int, cursor=int)
     rounds = "block_size" in config

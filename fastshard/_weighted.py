@@ -18,6 +18,23 @@ def _as_float64(weights: Any, copy: bool = False) -> np.ndarray:
     ``np.ascontiguousarray`` and ``Tensor.numpy()`` return for float64 input).
     """
     arr = _validate.host_array(weights, "weights", "numbers")
+    if arr.dtype.kind in "OSU" and arr.ndim == 1:
+        # NumPy keeps Python ints beyond 64 bits as objects, and strings as text: name the one.
+        items = list(weights) if isinstance(weights, (list, tuple)) else arr.tolist()
+        for i, v in enumerate(items):
+            if not isinstance(v, (int, float, np.number)):
+                raise TypeError(
+                    f"weights[{i}] = {v!r} is not a number ({type(v).__name__}); weights must "
+                    "be numbers"
+                )
+            try:
+                float(v)
+            except OverflowError:
+                raise ValueError(
+                    f"weights[{i}] is an int of {len(str(abs(v)))} digits, too large for "
+                    "float64 (about 1.8e308 at most); scale the weights down"
+                ) from None
+        arr = arr.astype(np.float64)
     if arr.dtype.kind not in "biuf":
         raise TypeError(
             f"weights must be numbers (a float, int or bool dtype), got dtype {arr.dtype}"

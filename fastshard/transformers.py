@@ -25,6 +25,9 @@ from ._sampler import DistributedSampler, _ShardSampler
 
 __all__ = ["FastshardTrainer"]
 
+# TrainingArguments.train_sampling_strategy values a fastshard DistributedSampler serves.
+_STRATEGIES = ("random", "sequential")
+
 
 class _EpochToSampler(transformers.TrainerCallback):
     """Sets the sampler's epoch at the start of every epoch, resumed ones included.
@@ -73,9 +76,33 @@ class FastshardTrainer(transformers.Trainer):
 
     def make_train_sampler(self, dataset: Any) -> _ShardSampler:
         """The epoch's global order over ``dataset``: one for all processes (num_replicas=1),
-        which accelerate splits by batches."""
+        which accelerate splits by batches.
+
+        ``args.train_sampling_strategy``: ``"random"`` (the default) shuffles,
+        ``"sequential"`` takes the items in order (``shuffle=False``). The length-based
+        strategies (``"group_by_length"``, ``"batch_rebalance"``) are transformers' own
+        samplers, which this Trainer does not replace: they raise ValueError here rather than
+        train in a plain shuffled order.
+        """
+        strategy = getattr(self.args, "train_sampling_strategy", "random")
+        if strategy not in _STRATEGIES:
+            raise ValueError(
+                f"FastshardTrainer: TrainingArguments(train_sampling_strategy={strategy!r}) is "
+                "not a fastshard order (FastshardTrainer supports 'random' and 'sequential'). "
+                "For batches grouped by length use transformers.Trainer, whose own "
+                "LengthGroupedSampler honours it, or override make_train_sampler; see "
+                "https://github.com/fastshard/fastshard/blob/main/docs/frameworks.md#transformers-trainer"
+            )
+        kwargs = dict(self.sampler_kwargs)
+        if strategy == "sequential":
+            if kwargs.get("shuffle", False):
+                raise ValueError(
+                    "FastshardTrainer: train_sampling_strategy='sequential' contradicts "
+                    "sampler_kwargs={'shuffle': True}; choose one"
+                )
+            kwargs["shuffle"] = False
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return DistributedSampler(dataset, num_replicas=1, rank=0, seed=seed, **self.sampler_kwargs)
+        return DistributedSampler(dataset, num_replicas=1, rank=0, seed=seed, **kwargs)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> _ShardSampler:
         dataset = self.train_dataset if train_dataset is None else train_dataset

@@ -269,7 +269,9 @@ def test_auto_epoch_consistency_check_sees_the_advanced_epoch():
     seen = []
     real = _distributed.check
     try:
-        _distributed.check = lambda sampler: seen.append(_distributed._fields(sampler)["epoch"])
+        _distributed.check = lambda sampler, together=0: seen.append(
+            _distributed._fields(sampler)["epoch"]
+        )
         list(s)
         list(s)
         list(BatchSampler(s, 3))

@@ -423,7 +423,7 @@ def test_positions_near_the_largest_epoch_wrap_for_padding():
         (dict(sizes=[1, 2], weights=[1]), ValueError, "weights must have one entry per dataset"),
         (dict(sizes=[1, 2], weights=[1, 2, 3]), ValueError, "weights must have one entry"),
         (dict(sizes=[1, 2], weights=[]), ValueError, "weights must not be empty"),
-        (dict(sizes=[1, 2], weights=[1, -1]), ValueError, r"weights\[1\] = -1.0 is negative"),
+        (dict(sizes=[1, 2], weights=[1, -1]), ValueError, r"weights\[1\] = -1 is negative"),
         (dict(sizes=[1, 2], weights=[math.nan, 1]), ValueError, r"weights\[0\] = nan is NaN"),
         (dict(sizes=[1, 2], weights=[1, math.inf]), ValueError, r"weights\[1\] = inf is infinite"),
         (dict(sizes=[1, 2], weights=[0, 0]), ValueError, "weights are all zero"),

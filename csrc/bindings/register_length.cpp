@@ -107,11 +107,12 @@ void register_length(py::module_& m) {
 
     m.def("length_shard",
           [](const PyLengthEpoch& e, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
-             std::uint64_t cursor) {
-              const auto plan = checked_plan(e.epoch->num_batches(), num_replicas, rank, drop_last, true, cursor);
+             std::uint64_t cursor, bool pad) {
+              const auto plan = checked_plan(e.epoch->num_batches(), num_replicas, rank, drop_last, pad, cursor);
               return PyLengthShard{e.owner, std::make_shared<const fastshard::LengthShard>(e.epoch, plan)};
           },
           py::arg("epoch"), py::arg("num_replicas"), py::arg("rank"), py::arg("drop_last"), py::arg("cursor"),
+          py::arg("pad") = true,
           "A rank's batches of the epoch through the shared plan (pad=True: every rank the same count).");
 
     py::class_<PyLengthShard>(m, "LengthShard", "A rank's length-grouped batches of one epoch.")
