@@ -337,6 +337,29 @@ def seed_none() -> dict[str, Any]:
     }
 
 
+def one_rank_evaluation() -> dict[str, Any]:
+    """Rank 0 alone iterates samplers that are not sharded over the group (num_replicas=1),
+    as an evaluation on rank 0 does; then every rank meets at a barrier with a timeout. A
+    collective inside the samplers would leave rank 0 waiting in it and the others at the
+    barrier: a hang, here a timeout error."""
+    from fastshard import LengthGroupedBatchSampler
+
+    seen = 0
+    t0 = time.perf_counter()
+    if RANK == 0:
+        for make in (
+            lambda: DistributedSampler(range(10), num_replicas=1, rank=0, shuffle=False),
+            lambda: DistributedSampler(range(10), num_replicas=1, rank=0),
+            lambda: WeightedDistributedSampler([1.0] * 10, num_replicas=1, rank=0),
+            lambda: MixtureSampler([4, 6], [1, 1], num_replicas=1, rank=0),
+            lambda: LengthGroupedBatchSampler([3] * 10, 2, num_replicas=1, rank=0),
+        ):
+            seen += len(list(make()))
+        seen += len(list(BatchSampler(DistributedSampler(10, 1, 0), 3)))
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    return {"seen": seen, "barrier_seconds": time.perf_counter() - t0}
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     f.__name__: f
     for f in (
@@ -358,6 +381,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         guard_off,
         guard_pickles,
         seed_none,
+        one_rank_evaluation,
     )
 }
 

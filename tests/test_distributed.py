@@ -223,6 +223,14 @@ def test_guard_off(world):
     assert [r["length"] for r in res] == [-(-(1000 + r) // w) for r in range(w)]
 
 
+def test_a_sampler_on_one_rank_only_does_not_hang(world):
+    """Rank 0 evaluating alone with num_replicas=1 samplers, then a barrier on every rank
+    (issue 24, case 8: the guard's all_gather on rank 0 used to hang both)."""
+    w, res = results(world, "one_rank_evaluation")
+    assert [r["seen"] for r in res] == [10 + 10 + 10 + 10 + 5 + 4] + [0] * (w - 1)
+    assert all(r["barrier_seconds"] < 25 for r in res), res
+
+
 def test_sampler_pickles_with_its_check_flag(world):
     _, res = results(world, "guard_pickles")
     assert all(r["check_consistency"] is False and r["same"] for r in res)

@@ -251,6 +251,33 @@ def test_lightning_mid_epoch_resume_with_a_plain_loader_replays_the_epochs_start
     assert r["together"]["distinct"] == 600 and r["together"]["repeated"] == 400
 
 
+def test_lightning_length_grouped_epochs_are_fresh_and_whole(lightning_report):
+    """Issue 24, cases 2 and 3: Lightning never reached the batch sampler's set_epoch
+    (the same batches every epoch), and sized the epoch once while the token-budget batch
+    count changed by epoch (epochs 1-3 trained 1,994 of 2,000 items)."""
+    r = lightning_report["length_grouped"]
+    assert "error" not in r, r
+    epochs = r["epochs"]
+    assert sorted(epochs) == ["0", "1", "2"]
+    assert len({e["len"] for e in epochs.values()}) == 1  # one len() for every epoch
+    for e in epochs.values():
+        # padding repeats fewer than 2 batches; every item is trained every epoch
+        assert e["distinct"] == N and e["out_of_range"] == 0, e
+        assert e["per_rank"] == epochs["0"]["per_rank"]
+    firsts = [tuple(map(tuple, e["first"])) for e in epochs.values()]
+    assert len(set(firsts)) == 3  # a fresh order every epoch
+    assert r["sampler_epoch"] == 2
+
+
+@pytest.mark.parametrize("kind", ["batch_sampler", "length_grouped"])
+def test_lightning_predict_with_a_fastshard_batch_sampler(lightning_report, kind):
+    """Issue 24, case 9: predict rebuilds every batch sampler, and used to fail with advice
+    to set the option that was already set."""
+    r = lightning_report[f"predict_{kind}"]
+    assert "error" not in r, r
+    once_each(r["predicted"])
+
+
 def test_pytorch_lightning_import_name(tmp_path):
     require("pytorch_lightning")
     report = tmp_path / "report.json"
@@ -289,6 +316,34 @@ def test_accelerate_natural_misuse_raises(accelerate_report, scenario):
     assert "num_replicas=1" in r["message"]
 
 
+@pytest.mark.parametrize(
+    "scenario", ["dispatch_misuse_stateful_workers", "dispatch_misuse"], ids=["stateful", "plain"]
+)
+def test_accelerate_dispatch_of_a_sharding_sampler_raises_on_every_rank(
+    accelerate_report, scenario
+):
+    """dispatch_batches=True: process 0 iterates the loader and sends each process its part.
+    Issue 24, cases 1 and 10: with a StatefulDataLoader and workers the first iteration
+    happened inside prepare() and was not refused (epoch 0 trained on half the data); with
+    a plain loader only rank 0 raised, rank 1 saw the connection close."""
+    ranks = accelerate_report[scenario]["ranks"]
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r.get("error") == "ReshardedError", ranks
+        assert "num_replicas=1" in r["message"] and "DataLoaderDispatcher" in r["message"]
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["dispatch_documented", "dispatch_documented_stateful_workers"],
+    ids=["plain", "stateful"],
+)
+def test_accelerate_dispatch_of_a_global_order_covers_every_item(accelerate_report, scenario):
+    r = accelerate_report[scenario]
+    assert "error" not in r, r
+    two_fresh_epochs(r["epochs"])
+
+
 @pytest.fixture(scope="module")
 def trainer_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require("transformers", "accelerate")
@@ -316,3 +371,18 @@ def test_trainer_natural_misuse_raises(trainer_report):
     r = trainer_report["misuse"]
     assert r.get("error") == "ReshardedError", r
     assert "num_replicas=1" in r["message"]
+
+
+def test_trainer_honours_a_sequential_sampling_strategy(trainer_report):
+    r = trainer_report["sequential"]
+    assert "error" not in r, r
+    e = r["epochs"]["0"]
+    once_each(e)
+    assert e["first"] == [list(range(8))]  # rank 0's first batch: items 0-9, in order
+
+
+def test_trainer_refuses_a_length_grouping_strategy_it_would_ignore(trainer_report):
+    """Issue 24, case 6: group_by_length used to give a plain shuffled order, silently."""
+    r = trainer_report["group_by_length"]
+    assert r.get("error") == "ValueError", r
+    assert "train_sampling_strategy='group_by_length'" in r["message"]

@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from _common import BATCH, TIMEOUT, IndexDataset, gather, report, run, summary
+import torch.distributed as dist
+from _common import BATCH, TIMEOUT, IndexDataset, error_text, gather, report, run, summary
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
 import fastshard
@@ -64,11 +65,55 @@ def misuse(batch_sampler: bool = False) -> dict[str, Any]:
     return {"epochs": epochs(accelerator.prepare(loader), 1)}
 
 
+def dispatcher(stateful: bool) -> Accelerator:
+    """An Accelerator whose loaders iterate on process 0 and send each process its part
+    (DataLoaderDispatcher), with torchdata's StatefulDataLoader or torch's DataLoader."""
+    config = DataLoaderConfiguration(dispatch_batches=True, use_stateful_dataloader=stateful)
+    return Accelerator(cpu=True, dataloader_config=config)
+
+
+def every_rank(fn: Any) -> dict[str, Any]:
+    """What fn() did on each rank: its result or its error (all-gathered), so a test can
+    assert that every rank failed loudly, not only the one whose sampler ran."""
+    try:
+        mine: dict[str, Any] = {"result": fn()}
+    except Exception as err:
+        mine = error_text(err)
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return {"ranks": out}
+
+
+def dispatch_misuse(stateful: bool, workers: int) -> dict[str, Any]:
+    """A sampler that shards over the ranks under dispatch_batches=True."""
+    acc = dispatcher(stateful)
+
+    def fit() -> dict[str, Any]:
+        sampler = fastshard.DistributedSampler(ds, seed=21)  # num_replicas=2
+        loader = DataLoader(ds, sampler=sampler, batch_size=BATCH, num_workers=workers)
+        return epochs(acc.prepare(loader), 1)  # the stateful loader iterates inside prepare
+
+    return every_rank(fit)
+
+
+def dispatch_documented(stateful: bool, workers: int) -> dict[str, Any]:
+    """The documented global order (num_replicas=1) under dispatch_batches=True: process 0
+    iterates it alone, so it must make no collective call there."""
+    acc = dispatcher(stateful)
+    sampler = fastshard.DistributedSampler(ds, num_replicas=1, rank=0, seed=21)
+    loader = DataLoader(ds, sampler=sampler, batch_size=BATCH, num_workers=workers)
+    return {"epochs": epochs(acc.prepare(loader))}
+
+
 results: dict[str, Any] = {}
 run("documented", documented, results)
 run("documented_batch_sampler", documented_batch_sampler, results)
 run("weighted_documented", weighted_documented, results)
 run("misuse", misuse, results)
 run("misuse_batch_sampler", lambda: misuse(True), results)
+run("dispatch_misuse_stateful_workers", lambda: dispatch_misuse(True, 2), results)
+run("dispatch_misuse", lambda: dispatch_misuse(False, 0), results)
+run("dispatch_documented", lambda: dispatch_documented(False, 0), results)
+run("dispatch_documented_stateful_workers", lambda: dispatch_documented(True, 2), results)
 report(REPORT, results)
 accelerator.end_training()

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from _common import BATCH, IndexDataset, N, flat, gather, report, run, summary
 from torch.utils.data import DataLoader
@@ -46,6 +47,7 @@ class Recorder(pl.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
         self.train_seen: list[int] = []
         self.val_seen: list[int] = []
+        self.predicted: list[int] = []
         self.epochs: dict[int, dict[str, Any]] = {}
         self.val_epochs: list[dict[str, Any]] = []
 
@@ -56,9 +58,15 @@ class Recorder(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], _: int) -> None:
         self.val_seen.extend(batch["idx"].tolist())
 
+    def predict_step(self, batch: dict[str, torch.Tensor], _: int) -> None:
+        self.predicted.extend(batch["idx"].tolist())
+
     def on_train_epoch_end(self) -> None:
         per_rank = gather(self.train_seen)
         self.epochs[self.current_epoch] = summary(per_rank) | {"items": sorted(flat(per_rank))}
+        batches = getattr(getattr(self, "train_loader", None), "batch_sampler", None)
+        if isinstance(batches, fastshard.LengthGroupedBatchSampler):
+            self.epochs[self.current_epoch]["len"] = len(batches)
         self.train_seen = []
 
     def on_validation_epoch_end(self) -> None:
@@ -171,6 +179,39 @@ def resume(stateful: bool) -> dict[str, Any]:
     }
 
 
+# Item lengths for the length-grouped scenarios: uniform-ish in [1, 300), as in issue 24.
+LENGTHS = np.array([(i * 7919) % 299 + 1 for i in range(N)], dtype=np.int64)
+
+
+def length_grouped() -> dict[str, Any]:
+    """The documented set-up for length-grouped batches: batch_sampler=, with
+    use_distributed_sampler=False, 3 epochs. Lightning sizes the epoch once (from len())
+    and reaches the epoch through batch_sampler.sampler.set_epoch."""
+
+    def loader() -> Any:
+        bs = fastshard.LengthGroupedBatchSampler(LENGTHS, max_tokens=2048, sort_window=64, seed=5)
+        return DataLoader(ds, batch_sampler=bs)
+
+    model = Recorder(loader)
+    t = trainer(use_distributed_sampler=False, max_epochs=3)
+    t.fit(model)
+    return {"epochs": epochs_of(model), "sampler_epoch": t.train_dataloader.batch_sampler.epoch}
+
+
+def predict(kind: str) -> dict[str, Any]:
+    """trainer.predict rebuilds every batch sampler (with drop_last=False), even with
+    use_distributed_sampler=False. pad=False: every item predicted exactly once."""
+    if kind == "BatchSampler":
+        sampler = fastshard.DistributedSampler(ds, shuffle=False, pad=False)
+        batches: Any = fastshard.BatchSampler(sampler, BATCH)
+    else:
+        batches = fastshard.LengthGroupedBatchSampler(LENGTHS, BATCH, pad=False, seed=5)
+    model = Recorder(lambda: None)
+    t = trainer(use_distributed_sampler=False)
+    t.predict(model, dataloaders=DataLoader(ds, batch_sampler=batches), return_predictions=False)
+    return {"predicted": summary(gather(model.predicted))}
+
+
 results: dict[str, Any] = {"flavour": FLAVOUR}
 if FLAVOUR == "lightning":
     run("sampler", natural_sampler, results, barrier=False)
@@ -179,6 +220,9 @@ if FLAVOUR == "lightning":
     run("batch_sampler_no_replace", lambda: batch_sampler(False), results, barrier=False)
     run("resume_stateful", lambda: resume(True), results, barrier=False)
     run("resume_plain", lambda: resume(False), results, barrier=False)
+    run("length_grouped", length_grouped, results, barrier=False)
+    run("predict_batch_sampler", lambda: predict("BatchSampler"), results, barrier=False)
+    run("predict_length_grouped", lambda: predict("LengthGrouped"), results, barrier=False)
 else:
     run("sampler", natural_sampler, results, barrier=False)
 report(REPORT, results)

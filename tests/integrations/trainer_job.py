@@ -115,8 +115,19 @@ def misuse() -> dict[str, Any]:
     return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
 
 
+def strategy(name: str) -> dict[str, Any]:
+    """TrainingArguments(train_sampling_strategy=name): honoured, or refused on every rank."""
+    _, per_epoch = train(
+        FastshardTrainer, name, save_strategy="no", num_train_epochs=1,
+        train_sampling_strategy=name,
+    )  # fmt: skip
+    return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
+
+
 results: dict[str, Any] = {}
 run("documented", documented, results)
+run("sequential", lambda: strategy("sequential"), results)
+run("group_by_length", lambda: strategy("group_by_length"), results)
 run("resume", resume, results)
 run("misuse", misuse, results)
 report(REPORT, results)
