@@ -195,6 +195,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
         self._set_shared_arguments(
             num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
         )
+        self._static: Any = None  # _core.LengthLayout: windows, classes, batch counts
         self._layout: Any = None  # (epoch, _core.LengthEpoch) of the latest epoch used
         self._start_pass()
 
@@ -208,15 +209,18 @@ class LengthGroupedBatchSampler(_ShardSampler):
         return min(WINDOW_BATCHES * per_batch, WINDOW_MAX_ITEMS)
 
     # -- the epoch's batches ----------------------------------------------------------------
+    def _static_layout(self) -> _core.LengthLayout:
+        """What no epoch changes: the windows, the length classes, the batch counts."""
+        if self._static is None:
+            self._static = _core.LengthLayout(self.lengths, *self._rule, self.sort_window)
+        result: _core.LengthLayout = self._static
+        return result
+
     def _epoch_layout(self) -> _core.LengthEpoch:
         layout = self._layout
         if layout is None or layout[0] != self.epoch:
             epoch = _core.LengthEpoch(
-                self.lengths,
-                *self._rule,
-                self.sort_window,
-                self.seed % 2**64,
-                self.epoch % 2**64,
+                self._static_layout(), self.seed % 2**64, self.epoch % 2**64
             )
             layout = self._layout = (self.epoch, epoch)
         result: _core.LengthEpoch = layout[1]
@@ -224,8 +228,9 @@ class LengthGroupedBatchSampler(_ShardSampler):
 
     @property
     def num_batches(self) -> int:
-        """The epoch's number of batches over all ranks (before padding or drop_last)."""
-        return int(self._epoch_layout().num_batches)
+        """The epoch's number of batches over all ranks (before padding or drop_last): fixed
+        by the lengths and the configuration, the same in every epoch."""
+        return int(self._static_layout().num_batches)
 
     def _plan_args(self) -> tuple[int, bool, bool]:
         return self.num_batches, self.drop_last, True
@@ -249,7 +254,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_layout"] = None  # a compiled object: rebuilt after unpickling
+        state["_layout"] = state["_static"] = None  # compiled objects: rebuilt after unpickling
         return state
 
     # -- access -----------------------------------------------------------------------------

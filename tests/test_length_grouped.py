@@ -59,16 +59,24 @@ def test_token_budget_never_exceeded(max_tokens, max_batch_size):
 
 def test_greedy_cut_matches_a_reference():
     """Within a window the batches are the greedy cut of the length-sorted window: the batch
-    takes the next item while the padded size stays within the budget."""
+    takes the next item while the padded size, on the length classes' bounds, stays within the
+    budget."""
     lengths = lognormal(5000, seed=3)
     s = make(lengths, max_tokens=1500, sort_window=5000)  # one window: the whole epoch
     got = list(s)
-    sorted_lengths = np.sort(lengths)
+    # The classes, in length order, and each sorted item's class bound; one window: no merging,
+    # so below 128 every length is its own class and its bound is exact.
+    classes = s._static_layout().classes()
+    assert sum(c for c, _ in classes) == len(lengths)
+    sorted_lengths = np.sort(np.maximum(lengths, 1))
+    bounds = np.repeat([u for _, u in classes], [c for c, _ in classes])
+    small = sorted_lengths < 128
+    assert (bounds[small] == sorted_lengths[small]).all()
+    assert (bounds >= sorted_lengths).all() and (bounds <= sorted_lengths * 65 // 64).all()
     expected_sizes = []
     count = 0
-    for v in sorted_lengths:
-        cap = 1500 // v if v else 10**9
-        if count and count + 1 > max(cap, 1):
+    for v in bounds:
+        if count and count + 1 > max(1500 // v, 1):
             expected_sizes.append(count)
             count = 0
         count += 1
@@ -169,14 +177,15 @@ def test_epochs_differ_and_regroup():
     assert e0 != e1
     assert sorted(np.concatenate(e0)) == sorted(np.concatenate(e1)) == list(range(n))
     # A fresh grouping, not the same batches reordered: each epoch's first window is a fresh
-    # random sample of the items, so its overlap with the other epoch's first window is
-    # hypergeometric (about window**2 / n = 50); a repeated grouping would overlap entirely.
-    # Bound at a false-alarm rate of 1e-9.
+    # random sample of the items (of fixed size per length class), so its overlap with the
+    # other epoch's first window is about hypergeometric (about window**2 / n = 50); a repeated
+    # grouping would overlap entirely. Bound at a false-alarm rate of 1e-9.
     first0 = np.concatenate(e0[: s0._epoch_layout().window_offset(1)])
     first1 = np.concatenate(e1[: s1._epoch_layout().window_offset(1)])
-    assert len(first0) == len(first1) == window
+    m = len(first0)
+    assert m == len(first1) and abs(m - window) < s0._static_layout().num_classes
     overlap = len(np.intersect1d(first0, first1))
-    assert overlap <= hypergeom(n, window, window).ppf(1 - 1e-9)
+    assert overlap <= hypergeom(n, m, m).ppf(1 - 1e-9)
     assert list(make(lengths, 1, 0, 0, sort_window=window)) == e0  # reproducible
 
 
