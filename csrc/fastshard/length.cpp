@@ -228,13 +228,17 @@ LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
 
 namespace {
 
-// Fewest items per length class: a window's quota of a class must come from near the window's
-// own range of the order, or gathering it reads far ranges. A class of c items sits, at a window
-// boundary, about sqrt(c) / 2 items (n / (2 sqrt(c)) positions) away from its quota; with
-// c >= windows^2 that is within half a window for 2 standard deviations. At least 32 classes
-// stay possible whatever the number of windows (tiny windows read more of the order instead).
+// Fewest items per length class. A window's quota of a class must come from near the
+// window's own range of the order, or gathering it reads far ranges: a class of c items sits,
+// at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c)) positions, from its quota, so
+// the ranges a window reads span about 1 + 2.5 windows / sqrt(c) windows (the largest of the
+// classes' deviations); c >= windows^2 / 8 keeps that under 8 windows' worth of reading per
+// window. Small epochs (windows * n <= 2^24 positions: all of them read for every window costs
+// less than a few tenths of a second) keep every fine bucket, and at least 32 classes stay
+// possible whatever the number of windows.
 std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
-    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows;
+    if (windows <= (std::uint64_t{1} << 24) / n) return 1;
+    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 8;
     return std::max<std::uint64_t>(1, std::min(by_windows, n / 32));
 }
 

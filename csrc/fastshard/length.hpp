@@ -89,9 +89,13 @@ struct BatchRule {
 // Fine length buckets of a rule length v >= 1: exact below 128, then the top 7 significant
 // bits (each bucket spans less than 1/64 of its lower end). 3776 buckets cover 64-bit lengths.
 constexpr std::uint32_t kFineBuckets = 64 * 59;
-constexpr std::uint32_t fine_bucket(std::uint64_t v) noexcept {
+inline std::uint32_t fine_bucket(std::uint64_t v) noexcept {
     if (v < 128) return static_cast<std::uint32_t>(v);
+#if defined(__GNUC__) || defined(__clang__)
+    const unsigned e = 64U - static_cast<unsigned>(__builtin_clzll(v)) - 7;  // v >= 128: no zero
+#else
     const unsigned e = bit_width(v) - 7;
+#endif
     return 64 * (e + 1) + static_cast<std::uint32_t>((v >> e) & 63);
 }
 
