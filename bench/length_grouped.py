@@ -126,7 +126,10 @@ def unstratified(lengths: np.ndarray, rule: dict, window: int, seed: int) -> lis
         items = perm[w0 : w0 + window]
         items = items[np.argsort(lengths[items], kind="stable")]
         if "batch_size" in rule:
-            out.extend(items[i : i + rule["batch_size"]].tolist() for i in range(0, len(items), rule["batch_size"]))
+            out.extend(
+                items[i : i + rule["batch_size"]].tolist()
+                for i in range(0, len(items), rule["batch_size"])
+            )
             continue
         start, count = 0, 0
         for i, v in enumerate(lengths[items].tolist()):

@@ -153,6 +153,7 @@ class LengthLayout:
         max_tokens: int,
         max_batch_size: int,
         window: int,
+        min_class_items: int = 0,
     ) -> None: ...
     @property
     def num_batches(self) -> int: ...

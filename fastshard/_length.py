@@ -234,9 +234,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
     def _epoch_layout(self) -> _core.LengthEpoch:
         layout = self._layout
         if layout is None or layout[0] != self.epoch:
-            epoch = _core.LengthEpoch(
-                self._static_layout(), self.seed % 2**64, self.epoch % 2**64
-            )
+            epoch = _core.LengthEpoch(self._static_layout(), self.seed % 2**64, self.epoch % 2**64)
             layout = self._layout = (self.epoch, epoch)
         result: _core.LengthEpoch = layout[1]
         return result

@@ -49,14 +49,14 @@ struct PyLengthEpoch {
 };
 
 PyLengthLayout make_layout(const py::array& a, std::uint64_t batch_size, std::uint64_t max_tokens,
-                           std::uint64_t max_batch_size, std::uint64_t window) {
+                           std::uint64_t max_batch_size, std::uint64_t window, std::uint64_t min_class_items) {
     const LengthsArg arg = lengths_view(a);
     const fastshard::BatchRule rule{batch_size, max_tokens, max_batch_size};
     std::shared_ptr<const fastshard::LengthLayout> layout;
     {
         // Safe without the GIL: the array is held by this call and only read.
         py::gil_scoped_release release;
-        layout = std::make_shared<const fastshard::LengthLayout>(arg.view, rule, window, 0);
+        layout = std::make_shared<const fastshard::LengthLayout>(arg.view, rule, window, 0, min_class_items);
     }
     return PyLengthLayout{arg.owner, std::move(layout)};
 }
@@ -113,8 +113,9 @@ void register_length(py::module_& m) {
                                "window's batch count (immutable). The lengths must have been checked "
                                "non-negative (scan_lengths).")
         .def(py::init(&make_layout), py::arg("lengths"), py::arg("batch_size"), py::arg("max_tokens"),
-             py::arg("max_batch_size"), py::arg("window"),
-             "Exactly one of batch_size and max_tokens > 0 (max_batch_size 0: no limit).")
+             py::arg("max_batch_size"), py::arg("window"), py::arg("min_class_items") = 0,
+             "Exactly one of batch_size and max_tokens > 0 (max_batch_size 0: no limit); "
+             "min_class_items 0: the default class merging (for measurements).")
         .def_property_readonly("num_batches", [](const PyLengthLayout& l) { return l.layout->num_batches(); })
         .def_property_readonly("num_windows", [](const PyLengthLayout& l) { return l.layout->num_windows(); })
         .def_property_readonly("num_classes", [](const PyLengthLayout& l) { return l.layout->num_classes(); })
@@ -134,7 +135,7 @@ void register_length(py::module_& m) {
         .def(py::init([](const py::array& a, std::uint64_t batch_size, std::uint64_t max_tokens,
                          std::uint64_t max_batch_size, std::uint64_t window, std::uint64_t seed,
                          std::uint64_t epoch) {
-                 return make_epoch(make_layout(a, batch_size, max_tokens, max_batch_size, window), seed, epoch);
+                 return make_epoch(make_layout(a, batch_size, max_tokens, max_batch_size, window, 0), seed, epoch);
              }),
              py::arg("lengths"), py::arg("batch_size"), py::arg("max_tokens"), py::arg("max_batch_size"),
              py::arg("window"), py::arg("seed"), py::arg("epoch"),

@@ -228,23 +228,26 @@ LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
 
 namespace {
 
-// Fewest items per length class. A window's quota of a class must come from near the
-// window's own range of the order, or gathering it reads far ranges: a class of c items sits,
-// at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c)) positions, from its quota, so
-// the ranges a window reads span about 1 + 2.5 windows / sqrt(c) windows (the largest of the
-// classes' deviations); c >= windows^2 / 8 keeps that under 8 windows' worth of reading per
-// window. Small epochs (windows * n <= 2^24 positions: all of them read for every window costs
-// less than a few tenths of a second) keep every fine bucket, and at least 32 classes stay
-// possible whatever the number of windows.
+// Fewest items per length class (measured: bench/RESULTS.md). A window's quota of a class must
+// come from near the window's own range of the order, or gathering it reads far ranges: a class
+// of c items sits, at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c)) positions,
+// from its quota, and a window reads its own range plus the largest deviation of its classes
+// on either side. Merging costs batches, though (a merged class's bound is its largest length):
+// at 1e7 lognormal lengths in 245 windows, classes of >= windows^2 / 32 items read 11 windows
+// per window for 0.8% more batches than a cut on the actual lengths; >= windows^2 / 8, 7
+// windows for 3.3% more; >= windows^2 / 2, 5 windows for 14% more. Small epochs (windows * n <=
+// 2^24 positions: reading all of them for every window costs a few tenths of a second) keep
+// every fine bucket, and at least 32 classes stay possible whatever the number of windows.
 std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
     if (windows <= (std::uint64_t{1} << 24) / n) return 1;
-    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 8;
+    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 32;
     return std::max<std::uint64_t>(1, std::min(by_windows, n / 32));
 }
 
 }  // namespace
 
-LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads)
+LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads,
+                           std::uint64_t min_class_items)
     : lengths_(lengths), rule_(rule), window_(window) {
     if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
     if (window == 0) throw std::invalid_argument("sort_window must be >= 1");
@@ -291,7 +294,7 @@ LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::u
         }
     // Classes: occupied fine buckets in length order, merged upwards until each holds at least
     // class_min_items; a short last class joins the one before it.
-    const std::uint64_t min_items = class_min_items(n, windows);
+    const std::uint64_t min_items = min_class_items != 0 ? min_class_items : class_min_items(n, windows);
     fine_to_class_.assign(kFineBuckets, 0);
     std::uint64_t open = 0;
     for (std::uint32_t f = 0; f < kFineBuckets; ++f) {
@@ -364,23 +367,29 @@ LengthEpoch::LengthEpoch(std::shared_ptr<const LengthLayout> layout, std::uint64
         for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
 }
 
-void LengthEpoch::gather_window(std::uint64_t w, std::vector<std::uint64_t>& items,
-                                std::vector<std::uint64_t>& lens) const {
-    items.clear();
+void LengthEpoch::gather_window(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
+    out.items.clear();
     lens.clear();
     if (layout_->stratified()) {
-        gather_stratified(w, items, lens);
+        gather_stratified(w, out, lens);
         return;
     }
     walk_order(layout_->lengths(), perm_, layout_->window_start(w), layout_->window_start(w + 1),
                [&](std::uint64_t, std::uint64_t item, std::uint64_t v) {
-                   items.push_back(item);
+                   out.items.push_back(item);
                    lens.push_back(v);
                });
 }
 
-void LengthEpoch::gather_stratified(std::uint64_t w, std::vector<std::uint64_t>& items,
-                                    std::vector<std::uint64_t>& lens) const {
+namespace {
+
+// The most positions a shard keeps read (16 bytes each): past this, a window's ranges are read
+// afresh each time.
+constexpr std::uint64_t kMaxWalked = std::uint64_t{1} << 22;
+
+}  // namespace
+
+void LengthEpoch::gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
     const LengthLayout& L = *layout_;
     const std::uint64_t windows = L.num_windows();
     const std::uint32_t classes = L.num_classes();
@@ -406,23 +415,53 @@ void LengthEpoch::gather_stratified(std::uint64_t w, std::vector<std::uint64_t>&
         last = std::max(last, range_of(b, hi[b] - 1));
     }
     if (first > last) return;
+    const std::uint64_t p0 = L.window_start(first), p1 = L.window_start(last + 1);
     std::vector<std::uint64_t> rank(prefix_.begin() + static_cast<std::ptrdiff_t>(first * classes),
                                     prefix_.begin() + static_cast<std::ptrdiff_t>((first + 1) * classes));
-    walk_order(L.lengths(), perm_, L.window_start(first), L.window_start(last + 1),
-               [&](std::uint64_t, std::uint64_t item, std::uint64_t v) {
-                   const std::uint32_t b = L.class_of(v);
-                   const std::uint64_t r = rank[b]++;
-                   if (r >= lo[b] && r < hi[b]) {
-                       items.push_back(item);
-                       lens.push_back(v);
-                   }
-               });
+    const auto take = [&](std::uint64_t item, std::uint64_t v) {
+        const std::uint32_t b = L.class_of(v);
+        const std::uint64_t r = rank[b]++;
+        if (r >= lo[b] && r < hi[b]) {
+            out.items.push_back(item);
+            lens.push_back(v);
+        }
+    };
+    if (p1 - p0 > kMaxWalked) {
+        out.walked_items.clear();
+        out.walked_lens.clear();
+        walk_order(L.lengths(), perm_, p0, p1, [&](std::uint64_t, std::uint64_t item, std::uint64_t v) { take(item, v); });
+        return;
+    }
+    // Windows read in order read overlapping ranges: keep what was read, read only the rest.
+    const std::uint64_t c0 = out.walked_first, c1 = c0 + out.walked_items.size();
+    std::vector<std::uint64_t> items(static_cast<std::size_t>(p1 - p0)), vals(items.size());
+    const auto store = [&](std::uint64_t p, std::uint64_t item, std::uint64_t v) {
+        items[static_cast<std::size_t>(p - p0)] = item;
+        vals[static_cast<std::size_t>(p - p0)] = v;
+    };
+    const std::uint64_t k0 = std::max(p0, c0), k1 = std::min(p1, c1);  // kept: [k0, k1)
+    if (k0 < k1) {
+        walk_order(L.lengths(), perm_, p0, k0, store);
+        std::copy(out.walked_items.begin() + static_cast<std::ptrdiff_t>(k0 - c0),
+                  out.walked_items.begin() + static_cast<std::ptrdiff_t>(k1 - c0),
+                  items.begin() + static_cast<std::ptrdiff_t>(k0 - p0));
+        std::copy(out.walked_lens.begin() + static_cast<std::ptrdiff_t>(k0 - c0),
+                  out.walked_lens.begin() + static_cast<std::ptrdiff_t>(k1 - c0),
+                  vals.begin() + static_cast<std::ptrdiff_t>(k0 - p0));
+        walk_order(L.lengths(), perm_, k1, p1, store);
+    } else {
+        walk_order(L.lengths(), perm_, p0, p1, store);
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) take(items[i], vals[i]);
+    out.walked_first = p0;
+    out.walked_items.swap(items);
+    out.walked_lens.swap(vals);
 }
 
 void LengthEpoch::build(std::uint64_t w, WindowBatches& out) const {
     const LengthLayout& L = *layout_;
     std::vector<std::uint64_t> lens;
-    gather_window(w, out.items, lens);  // in the order's position order
+    gather_window(w, out, lens);  // in the order's position order
     sort_by_length(lens, out.items);
     if (L.stratified())  // the budget applies to the class bounds
         for (auto& v : lens) v = L.class_upper(L.class_of(v));

@@ -105,13 +105,20 @@ struct WindowBatches {
     std::vector<std::uint64_t> items;    // the window's items sorted by (length, position)
     std::vector<std::uint64_t> starts;   // batch b is items[starts[b], starts[b + 1])
     std::unique_ptr<Feistel> order;      // batch position in G -> batch of the window
+    // With max_tokens: the (item, length) at positions [walked_first, walked_first + size) of
+    // the order that the last window read, so that the next window (whose ranges overlap
+    // them) does not read them again.
+    std::uint64_t walked_first = 0;
+    std::vector<std::uint64_t> walked_items, walked_lens;
 };
 
 // What does not depend on the epoch: the windows, the length classes and each window's number
 // of batches. With max_tokens this takes one threaded pass over the lengths (a histogram).
 class LengthLayout {
   public:
-    LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads);
+    // min_class_items: the fewest items per length class (0: the default rule, see length.cpp).
+    LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads,
+                 std::uint64_t min_class_items = 0);
 
     const Lengths& lengths() const noexcept { return lengths_; }
     const BatchRule& rule() const noexcept { return rule_; }
@@ -162,9 +169,8 @@ class LengthEpoch {
 
   private:
     // Window w's items (in the epoch's order) and their lengths.
-    void gather_window(std::uint64_t w, std::vector<std::uint64_t>& items, std::vector<std::uint64_t>& lens) const;
-    void gather_stratified(std::uint64_t w, std::vector<std::uint64_t>& items,
-                           std::vector<std::uint64_t>& lens) const;
+    void gather_window(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const;
+    void gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const;
 
     std::shared_ptr<const LengthLayout> layout_;
     std::uint64_t seed_, epoch_;
