@@ -120,7 +120,8 @@ class LengthGroupedBatchSampler(_ShardSampler):
     The plan is built in C++, on several threads, without the GIL. Beyond the lengths, memory
     is one offset per window plus the window the rank is reading (8 bytes per item of it); with
     ``max_tokens`` also a table of (windows + 1) x classes counts per epoch, filled by one
-    threaded scan of the epoch's order at its first iteration.
+    threaded scan of the epoch's order at its first iteration, and the ranges of the order the
+    last window read (16 bytes per position, at most 64 MiB), which the next one reuses.
 
     Parameters
     ----------

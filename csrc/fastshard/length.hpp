@@ -29,7 +29,8 @@
 //
 // Memory beyond the lengths: one offset per window; with max_tokens the class table and a
 // (windows + 1) x classes prefix histogram per epoch; per rank the one window it is reading
-// (its items sorted, 8 bytes each, and its batch boundaries).
+// (its items sorted, 8 bytes each, and its batch boundaries) and, with max_tokens, the ranges
+// of the order that window read (16 bytes per position, at most 2^22 positions).
 #pragma once
 
 #include <cstddef>
