@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import fastshard
@@ -282,6 +284,24 @@ def test_len_is_the_same_in_every_epoch_at_1e5_lognormal():
         assert len(batches) == len(s)
         assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(len(lengths)))
         assert max(len(b) * int(lengths[b].max()) for b in batches if len(b) > 1) <= 2048
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    high=st.integers(1, 3000),
+    zeros=st.floats(0, 1),
+    max_tokens=st.integers(1, 5000),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 50)),
+    window=st.integers(1, 500),
+    seed=st.integers(0, 2**32),
+)
+def test_fixed_count_property(n, high, zeros, max_tokens, max_batch_size, window, seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, high + 1, n) * (rng.random(n) >= zeros)
+    kw = {"max_tokens": max_tokens, "max_batch_size": max_batch_size, "sort_window": window}
+    counts = {len(check_epoch(lengths, 1, False, epoch, seed=seed, **kw)) for epoch in range(4)}
+    assert counts == {len(make(lengths, seed=seed, **kw))}
 
 
 def test_auto_epoch_advances_over_whole_epochs_of_fixed_length():

@@ -320,8 +320,12 @@ LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::u
         class_count_.pop_back();
         class_upper_.pop_back();
     }
-    // Each window's batch count from its class quotas: the same in every epoch.
+    // An empty fine bucket maps to the class above it (the last class past the top): never
+    // looked up unless the lengths change under the sampler, and then still a valid class, so
+    // the mismatch is caught by the build's count check rather than read out of bounds.
     const std::uint32_t classes = num_classes();
+    for (auto& c : fine_to_class_) c = std::min(c, classes - 1);
+    // Each window's batch count from its class quotas: the same in every epoch.
     parallel_for(windows, threads, 64, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
         std::vector<std::uint64_t> quota(classes);
         for (std::uint64_t w = w0; w < w0 + count; ++w) {
