@@ -1,6 +1,9 @@
 """Length-grouped batches (issue 18): padding efficiency and epoch start, side by side.
 
     python bench/length_grouped.py quality [--n 1e6] [--windows 4 16 64 256]
+    python bench/length_grouped.py default-window [--sizes 2e4 1e5 1e6] [--min-windows 1 4 8 16 32]
+    python bench/length_grouped.py classes [--sizes 1e6 1e7]
+    python bench/length_grouped.py epoch-cost [--sizes 1e6 1e7]
     python bench/length_grouped.py start [--n 1e7] [--repeat 3]
     python bench/length_grouped.py start-large [--n 1e8] [--world-size 8]
 
@@ -13,6 +16,17 @@ all ranks (W=1: the global batch sequence), for a token budget and a fixed batch
   one again in epoch 1 (a global sort repeats nearly all of them);
 - batch-to-batch correlation of the batches' longest length, along the global sequence and
   along rank 0's sequence of 8 ranks.
+
+default-window: the default sort_window's floor on the number of windows, by measurement:
+for each n and each floor M (sort_window = min(1024 expected batches, 2**21, ceil(n / M))),
+padding efficiency, batches per epoch, and the pair repeat rate e0 -> e1, both rules.
+
+classes: with max_tokens=16384 and the default window, for several class merging thresholds
+(LengthLayout's min_class_items): classes, batches per epoch, and how many windows' ranges of
+the order a window's gather spans (simulated over a NumPy random order, 25 windows).
+
+epoch-cost: one rank's epoch with max_tokens=16384: the epoch's scan (LengthEpoch) and building
+every window once, in order (best of 2).
 
 start: construction to first batch in a fresh child process, time and peak memory (VmHWM
 minus VmRSS before, from /proc/self/status inside the child), beside transformers'
@@ -107,6 +121,129 @@ def quality(args: argparse.Namespace) -> None:
         print(f"| {name} | random batches (mean size {size:.1f}) | - | {eff:.4f} | - | - | - |")
 
 
+def identical(e0: list[list[int]], e1: list[list[int]]) -> int:
+    """Batches of two or more items of e0 that are also batches of e1 (as sets)."""
+    return len({tuple(sorted(b)) for b in e0 if len(b) > 1} & {tuple(sorted(b)) for b in e1})
+
+
+def unstratified(lengths: np.ndarray, rule: dict, window: int, seed: int) -> list[list[int]]:
+    """The rule before issue 24, in NumPy, for reference: contiguous windows of a random
+    order, each sorted by length and cut greedily on the actual lengths."""
+    perm = np.random.default_rng(seed).permutation(len(lengths))
+    out: list[list[int]] = []
+    for w0 in range(0, len(lengths), window):
+        items = perm[w0 : w0 + window]
+        items = items[np.argsort(lengths[items], kind="stable")]
+        if "batch_size" in rule:
+            out.extend(
+                items[i : i + rule["batch_size"]].tolist()
+                for i in range(0, len(items), rule["batch_size"])
+            )
+            continue
+        start, count = 0, 0
+        for i, v in enumerate(lengths[items].tolist()):
+            if count and (count + 1) * v > rule["max_tokens"]:
+                out.append(items[start:i].tolist())
+                start, count = i, 0
+            count += 1
+        out.append(items[start:].tolist())
+    return out
+
+
+def default_window(args: argparse.Namespace) -> None:
+    import fastshard
+
+    rules = [("max_tokens=16384", dict(max_tokens=16384)), ("batch_size=32", dict(batch_size=32))]
+    print(
+        "| n | rule | min windows M | sort_window | windows | batches | efficiency "
+        "| pair repeat e0->e1 | identical batches | before issue 24 (NumPy): batches, efficiency, "
+        "pair repeat |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for size in args.sizes:
+        n = int(float(size))
+        lengths = lognormal(n)
+        mean = lengths.mean()
+        for name, rule in rules:
+            per_batch = rule.get("batch_size") or int(rule["max_tokens"] // mean)
+            for m in args.min_windows:
+                window = min(1024 * per_batch, 2**21, -(-n // int(m)))
+                s0 = _sampler(fastshard, lengths, rule, window, 0, 1, 0)
+                e0 = epoch_batches(s0)
+                e1 = epoch_batches(_sampler(fastshard, lengths, rule, window, 1, 1, 0))
+                windows = -(-n // window)
+                old = ""
+                if args.reference and "max_tokens" in rule:
+                    o0, o1 = (unstratified(lengths, rule, window, e) for e in (0, 1))
+                    old = f"{len(o0)}, {efficiency(lengths, o0):.4f}, {repeat_rate(n, o0, o1):.4f}"
+                print(
+                    f"| {n:.0e} | {name} | {m} | {window} | {windows} | {len(e0)} | "
+                    f"{efficiency(lengths, e0):.4f} | {repeat_rate(n, e0, e1):.4f} | "
+                    f"{identical(e0, e1)} | {old} |"
+                )
+
+
+def classes(args: argparse.Namespace) -> None:
+    from fastshard import _core
+
+    print("| n | windows | min class items | classes | batches | ranges read (mean / max) |")
+    print("|---|---|---|---|---|---|")
+    rng = np.random.default_rng(1)
+    for size in args.sizes:
+        n = int(float(size))
+        lengths = lognormal(n)
+        window = 1024 * int(16384 // lengths.mean())
+        k = -(-n // window)
+        perm = rng.permutation(n)
+        for t in (1, k * k // 32, k * k // 8, k * k // 2):
+            t = max(t, 1)
+            layout = _core.LengthLayout(lengths, 0, 16384, 0, window, t)
+            cls = layout.classes()
+            uppers = np.array([u for _, u in cls])
+            counts = np.array([c for c, _ in cls])
+            by_class = np.argsort(
+                np.searchsorted(uppers, np.maximum(lengths, 1))[perm], kind="stable"
+            )
+            starts = np.concatenate([[0], np.cumsum(counts)])[:-1]
+            spans = []
+            for w in range(0, k, max(1, k // 25)):
+                lo = counts * min(w * window, n) // n
+                hi = counts * min((w + 1) * window, n) // n
+                m = hi > lo
+                first = by_class[(starts + lo)[m]].min() // window
+                last = by_class[(starts + hi - 1)[m]].max() // window
+                spans.append(last - first + 1)
+            print(
+                f"| {n:.0e} | {k} | {t} | {len(counts)} | {layout.num_batches} | "
+                f"{np.mean(spans):.1f} / {max(spans)} |"
+            )
+
+
+def epoch_cost(args: argparse.Namespace) -> None:
+    import time
+
+    import fastshard
+    from fastshard import _core
+
+    print("| n | windows | epoch scan s | build every window s |")
+    print("|---|---|---|---|")
+    for size in args.sizes:
+        n = int(float(size))
+        lengths = lognormal(n)
+        s = fastshard.LengthGroupedBatchSampler(lengths, max_tokens=16384, num_replicas=1, rank=0)
+        scan = build = float("inf")
+        for rep in range(2):
+            t = time.perf_counter()
+            epoch = _core.LengthEpoch(s._static_layout(), 0, 5 + rep)
+            scan = min(scan, time.perf_counter() - t)
+            shard = _core.length_shard(epoch, 1, 0, False, 0)
+            t = time.perf_counter()
+            for w in range(epoch.num_windows):
+                shard.global_batch(epoch.window_offset(w))
+            build = min(build, time.perf_counter() - t)
+        print(f"| {n:.0e} | {epoch.num_windows} | {scan:.3f} | {build:.3f} |")
+
+
 def _sampler(fastshard, lengths, rule, window, epoch, W, r):
     s = fastshard.LengthGroupedBatchSampler(
         lengths, **rule, sort_window=window, num_replicas=W, rank=r
@@ -183,6 +320,14 @@ def main() -> None:
     q = sub.add_parser("quality")
     q.add_argument("--n", default="1e6")
     q.add_argument("--windows", nargs="+", default=["4", "16", "64", "256", "1024"])
+    d = sub.add_parser("default-window")
+    d.add_argument("--sizes", nargs="+", default=["2e4", "1e5", "1e6"])
+    d.add_argument("--min-windows", nargs="+", default=["1", "4", "8", "16", "32"])
+    d.add_argument("--reference", action="store_true", help="also the rule before issue 24")
+    c = sub.add_parser("classes")
+    c.add_argument("--sizes", nargs="+", default=["1e6", "1e7"])
+    ec = sub.add_parser("epoch-cost")
+    ec.add_argument("--sizes", nargs="+", default=["1e6", "1e7"])
     s = sub.add_parser("start")
     s.add_argument("--n", default="1e7")
     s.add_argument("--repeat", type=int, default=3)
@@ -193,6 +338,12 @@ def main() -> None:
     args = p.parse_args()
     if args.cmd == "quality":
         quality(args)
+    elif args.cmd == "default-window":
+        default_window(args)
+    elif args.cmd == "classes":
+        classes(args)
+    elif args.cmd == "epoch-cost":
+        epoch_cost(args)
     elif args.cmd == "start":
         start(args, ["transformers", "fastshard_batch", "fastshard_tokens"], 1)
     else:

@@ -1,6 +1,7 @@
 """Type stubs for fastshard's compiled core (written by hand; keep in step with csrc/bindings)."""
 
 from collections.abc import Iterator
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -146,7 +147,29 @@ LENGTH_DOMAIN: int
 
 def scan_lengths(lengths: npt.NDArray[np.integer]) -> tuple[int, int, float, int]: ...
 
+class LengthLayout:
+    def __init__(
+        self,
+        lengths: npt.NDArray[np.integer],
+        batch_size: int,
+        max_tokens: int,
+        max_batch_size: int,
+        window: int,
+        min_class_items: int = 0,
+    ) -> None: ...
+    @property
+    def num_batches(self) -> int: ...
+    @property
+    def num_windows(self) -> int: ...
+    @property
+    def num_classes(self) -> int: ...
+    def window_offset(self, window: int) -> int: ...
+    def classes(self) -> list[tuple[int, int]]: ...
+
 class LengthEpoch:
+    @overload
+    def __init__(self, layout: LengthLayout, seed: int, epoch: int) -> None: ...
+    @overload
     def __init__(
         self,
         lengths: npt.NDArray[np.integer],

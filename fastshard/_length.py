@@ -14,17 +14,21 @@ from ._sampler import _ShardSampler
 
 # Default sort window, in expected batches: each window is sorted by length and cut into
 # batches, so a window of k batches loses about 1/k of a batch's length spread to padding,
-# while a larger window makes the grouping more repeatable from epoch to epoch (the chance
-# that two batch-mates are batch-mates again grows with the window). Chosen by measurement
-# (bench/length_grouped.py quality, bench/RESULTS.md): on lognormal lengths, 1024 batches
-# per window come within 0.3% (token budget) and 2.4% (fixed count) of one global sort's
-# padding efficiency, where 64 lose 3% and 19%; 1.4-2.6% of batch-mate pairs recur in the
-# next epoch (a global sort: 6-14%).
+# while fewer windows make the grouping more repeatable from epoch to epoch (two batch-mates can
+# be batch-mates again only in the same window: about 1 / windows of them are). Chosen by
+# measurement (bench/length_grouped.py quality and default-window, bench/RESULTS.md): on
+# lognormal lengths, 1024 batches per window come within 0.3% (token budget) and 2.4% (fixed
+# count) of one global sort's padding efficiency, where 64 lose 3% and 19%.
 WINDOW_BATCHES = 1024
-# ... but at most this many items: a window costs 8 to 32 bytes per item while it is sorted
-# (per thread during the count scan), so huge batches get fewer batches per window rather
-# than windows of hundreds of MB.
+# ... but at most this many items: a window costs 8 to 32 bytes per item while it is sorted,
+# so huge batches get fewer batches per window rather than windows of hundreds of MB.
 WINDOW_MAX_ITEMS = 2**21
+# ... and at least this many windows per epoch, so that a small dataset is not one global sort
+# whose batches nearly repeat every epoch (20,000 lognormal lengths in one window: 83% of
+# batch-mate pairs again in the next epoch; in 16 windows: 5%) ...
+WINDOW_MIN_COUNT = 16
+# ... while a window still holds this many expected batches (tiny datasets).
+WINDOW_MIN_BATCHES = 16
 _MAX_U64 = 2**64 - 1
 
 
@@ -106,19 +110,25 @@ class LengthGroupedBatchSampler(_ShardSampler):
     distributed training at any size. Use as ``DataLoader(dataset, batch_sampler=sampler)``.
 
     Each epoch, the items in a fresh keyed random order (the ``"feistel"`` order of
-    :class:`DistributedSampler`) are cut into windows of ``sort_window`` items; each window is
-    sorted by length and cut into batches, and the window's batches are shuffled. The epoch's
-    global batch sequence (window 0's batches, then window 1's, ...) is the same for any
+    :class:`DistributedSampler`) are dealt into windows of about ``sort_window`` items; each
+    window is sorted by length and cut into batches, and the window's batches are shuffled. The
+    epoch's global batch sequence (window 0's batches, then window 1's, ...) is the same for any
     number of ranks; rank ``r`` of ``W`` takes batches ``r, r + W, ...``. Every rank gets the
     same number of batches (padding repeats fewer than ``W`` batches from the start of the
     epoch, or ``drop_last`` drops them), so no rank waits on a collective another never
     reaches, even with a token budget.
 
+    ``len()`` is the same in every epoch, also with ``max_tokens``: lengths fall in classes
+    (exact below 128, then less than 1/64 wide; merged only when windows are many and the
+    epoch large), every window takes a fixed number of each class's items (which ones changes
+    every epoch), and the budget is applied to each class's largest length, so a window's
+    batch count follows from its class counts alone.
+
     The plan is built in C++, on several threads, without the GIL. Beyond the lengths, memory
-    is one offset per window plus the window the rank is reading (8 bytes per item of it).
-    With ``batch_size`` the epoch's batch count is arithmetic; with ``max_tokens`` every rank
-    sorts every window once per epoch to count batches (O(n) work over the threads, at the
-    first ``len()`` or iteration of the epoch).
+    is one offset per window plus the window the rank is reading (8 bytes per item of it); with
+    ``max_tokens`` also a table of (windows + 1) x classes counts per epoch, filled by one
+    threaded scan of the epoch's order at its first iteration, and the ranges of the order the
+    last window read (16 bytes per position, at most 64 MiB), which the next one reuses.
 
     Parameters
     ----------
@@ -129,19 +139,22 @@ class LengthGroupedBatchSampler(_ShardSampler):
         it while the sampler is in use.
     batch_size : int, optional
         Items per batch, grouped by length. Each window's last batch may be smaller (one per
-        window; none when ``sort_window`` is a multiple of ``batch_size``, except the epoch's
-        last window).
+        window; none when ``sort_window`` is a multiple of ``batch_size``, as the default is,
+        except the epoch's last window).
     max_tokens : int, optional
         Instead of ``batch_size``: a padded-token budget, ``len(batch) * max(lengths[batch])
-        <= max_tokens``, filled greedily along the sorted window. An item longer than the
-        budget is a batch on its own.
+        <= max_tokens``, filled greedily along the sorted window with each length rounded up to
+        its class's largest (at most 1/64 more above 127). A length of 0 counts as 1, so a
+        batch never holds more than ``max_tokens`` items. An item longer than the budget is a
+        batch on its own.
     max_batch_size : int, optional
         With ``max_tokens``: at most this many items per batch.
     sort_window : int, optional
         Items per sorted window. Default: 1024 expected batches (``1024 * batch_size``, or
         ``1024 * (max_tokens // mean length)`` with that quotient capped by
-        ``max_batch_size``), at most 2**21 items, chosen by measurement
-        (docs/length-grouped.md).
+        ``max_batch_size``), at most 2**21 items, and at most ``n / 16`` (rounded up to whole
+        batches) so that an epoch has at least 16 windows, unless that leaves fewer than 16
+        batches per window. Chosen by measurement (docs/length-grouped.md).
     num_replicas, rank : int, optional
         Default to the initialised process group, else to ``WORLD_SIZE`` / ``RANK``.
     seed : int or None
@@ -220,6 +233,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
         self._set_shared_arguments(
             num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
         )
+        self._static: Any = None  # _core.LengthLayout: windows, classes, batch counts
         self._layout: Any = None  # (epoch, _core.LengthEpoch) of the latest epoch used
         self._start_pass()
 
@@ -243,27 +257,32 @@ class LengthGroupedBatchSampler(_ShardSampler):
             per_batch = max(1, int(self._rule[1] // max(mean, 1.0)))
             if self.max_batch_size:
                 per_batch = min(per_batch, self.max_batch_size)
-        return min(WINDOW_BATCHES * per_batch, WINDOW_MAX_ITEMS)
+        # In whole batches: with batch_size, only the epoch's last window has a short batch.
+        per_window = -(-self._n // WINDOW_MIN_COUNT)
+        at_least_windows = max(-(-per_window // per_batch), WINDOW_MIN_BATCHES) * per_batch
+        return min(WINDOW_BATCHES * per_batch, WINDOW_MAX_ITEMS, at_least_windows)
 
     # -- the epoch's batches ----------------------------------------------------------------
+    def _static_layout(self) -> _core.LengthLayout:
+        """What no epoch changes: the windows, the length classes, the batch counts."""
+        if self._static is None:
+            self._static = _core.LengthLayout(self.lengths, *self._rule, self.sort_window)
+        result: _core.LengthLayout = self._static
+        return result
+
     def _epoch_layout(self) -> _core.LengthEpoch:
         layout = self._layout
         if layout is None or layout[0] != self.epoch:
-            epoch = _core.LengthEpoch(
-                self.lengths,
-                *self._rule,
-                self.sort_window,
-                self.seed % 2**64,
-                self.epoch % 2**64,
-            )
+            epoch = _core.LengthEpoch(self._static_layout(), self.seed % 2**64, self.epoch % 2**64)
             layout = self._layout = (self.epoch, epoch)
         result: _core.LengthEpoch = layout[1]
         return result
 
     @property
     def num_batches(self) -> int:
-        """The epoch's number of batches over all ranks (before padding or drop_last)."""
-        return int(self._epoch_layout().num_batches)
+        """The epoch's number of batches over all ranks (before padding or drop_last): fixed
+        by the lengths and the configuration, the same in every epoch."""
+        return int(self._static_layout().num_batches)
 
     def _plan_args(self) -> tuple[int, bool, bool]:
         return self.num_batches, self.drop_last, self.pad
@@ -288,7 +307,7 @@ class LengthGroupedBatchSampler(_ShardSampler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_layout"] = None  # a compiled object: rebuilt after unpickling
+        state["_layout"] = state["_static"] = None  # compiled objects: rebuilt after unpickling
         return state
 
     # -- access -----------------------------------------------------------------------------

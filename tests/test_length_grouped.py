@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import fastshard
@@ -59,16 +61,24 @@ def test_token_budget_never_exceeded(max_tokens, max_batch_size):
 
 def test_greedy_cut_matches_a_reference():
     """Within a window the batches are the greedy cut of the length-sorted window: the batch
-    takes the next item while the padded size stays within the budget."""
+    takes the next item while the padded size, on the length classes' bounds, stays within the
+    budget."""
     lengths = lognormal(5000, seed=3)
     s = make(lengths, max_tokens=1500, sort_window=5000)  # one window: the whole epoch
     got = list(s)
-    sorted_lengths = np.sort(lengths)
+    # The classes, in length order, and each sorted item's class bound; one window: no merging,
+    # so below 128 every length is its own class and its bound is exact.
+    classes = s._static_layout().classes()
+    assert sum(c for c, _ in classes) == len(lengths)
+    sorted_lengths = np.sort(np.maximum(lengths, 1))
+    bounds = np.repeat([u for _, u in classes], [c for c, _ in classes])
+    small = sorted_lengths < 128
+    assert (bounds[small] == sorted_lengths[small]).all()
+    assert (bounds >= sorted_lengths).all() and (bounds <= sorted_lengths * 65 // 64).all()
     expected_sizes = []
     count = 0
-    for v in sorted_lengths:
-        cap = 1500 // v if v else 10**9
-        if count and count + 1 > max(cap, 1):
+    for v in bounds:
+        if count and count + 1 > max(1500 // v, 1):
             expected_sizes.append(count)
             count = 0
         count += 1
@@ -99,12 +109,20 @@ def test_counted_batches_are_the_cut_batches(window, max_batch_size):
 
 
 def test_default_sort_window():
-    lengths = np.full(10_000, 100)
-    assert make(lengths, batch_size=32).sort_window == 1024 * 32
-    assert make(lengths, max_tokens=4000).sort_window == 1024 * 40
-    assert make(lengths, max_tokens=4000, max_batch_size=8).sort_window == 1024 * 8
+    # 1024 expected batches per window when the epoch has at least 16 such windows
+    big = np.full(1_000_000, 100)
+    assert make(big, batch_size=32).sort_window == 1024 * 32
+    assert make(big, max_tokens=4000).sort_window == 1024 * 40
+    assert make(big, max_tokens=4000, max_batch_size=8).sort_window == 1024 * 8
     # huge batches: capped, so that a window never holds more than 2**21 items
-    assert make(lengths, max_tokens=10**9).sort_window == 2**21
+    assert make(big, max_tokens=10**9).sort_window == 2**21
+    # a smaller epoch: at least 16 windows (n / 16 rounded up to whole batches) ...
+    lengths = np.full(10_000, 100)
+    assert make(lengths, batch_size=32).sort_window == 20 * 32  # ceil(625 / 32) batches
+    assert make(lengths, max_tokens=4000).sort_window == 16 * 40
+    assert make(lengths, max_tokens=4000, max_batch_size=8).sort_window == 79 * 8
+    # ... unless a window would hold fewer than 16 batches
+    assert make(lengths[:3000], batch_size=32).sort_window == 16 * 32
     assert make(lengths, batch_size=32, sort_window=77).sort_window == 77
 
 
@@ -169,20 +187,195 @@ def test_epochs_differ_and_regroup():
     assert e0 != e1
     assert sorted(np.concatenate(e0)) == sorted(np.concatenate(e1)) == list(range(n))
     # A fresh grouping, not the same batches reordered: each epoch's first window is a fresh
-    # random sample of the items, so its overlap with the other epoch's first window is
-    # hypergeometric (about window**2 / n = 50); a repeated grouping would overlap entirely.
-    # Bound at a false-alarm rate of 1e-9.
+    # random sample of the items (of fixed size per length class), so its overlap with the
+    # other epoch's first window is about hypergeometric (about window**2 / n = 50); a repeated
+    # grouping would overlap entirely. Bound at a false-alarm rate of 1e-9.
     first0 = np.concatenate(e0[: s0._epoch_layout().window_offset(1)])
     first1 = np.concatenate(e1[: s1._epoch_layout().window_offset(1)])
-    assert len(first0) == len(first1) == window
+    m = len(first0)
+    assert m == len(first1) and abs(m - window) < s0._static_layout().num_classes
     overlap = len(np.intersect1d(first0, first1))
-    assert overlap <= hypergeom(n, window, window).ppf(1 - 1e-9)
+    assert overlap <= hypergeom(n, m, m).ppf(1 - 1e-9)
     assert list(make(lengths, 1, 0, 0, sort_window=window)) == e0  # reproducible
 
 
 def test_seed_changes_the_order():
     lengths = lognormal(5000)
     assert global_sequence(lengths, seed=1) != global_sequence(lengths, seed=2)
+
+
+# -- issue 24: a fixed count per epoch, zero lengths, fresh epochs at small n -------------------
+def check_epoch(lengths, W, drop_last, epoch, **kw):
+    """Every rank's batches of one epoch: the count len() promised, the global sequence's items
+    exactly once (ranks take its batches r, r + W, ...), the budget on the actual lengths with a
+    zero length counted as 1. Returns the global sequence."""
+    g = list(make(lengths, 1, 0, epoch, **kw))
+    assert len(g) == make(lengths, 1, 0, epoch, **kw).num_batches
+    assert np.array_equal(np.sort(np.concatenate(g)), np.arange(len(lengths)))
+    rule_lengths = np.maximum(lengths, 1)
+    for b in g:
+        if "max_tokens" in kw and len(b) > 1:
+            assert len(b) * int(rule_lengths[b].max()) <= kw["max_tokens"]
+        assert kw.get("max_batch_size") is None or len(b) <= kw["max_batch_size"]
+    nb = len(g)
+    expected = nb // W if drop_last else -(-nb // W)
+    for r in range(W):
+        s = make(lengths, W, r, epoch, drop_last=drop_last, **kw)
+        batches = list(s)
+        assert len(batches) == len(s) == expected
+        assert batches == [g[(r + k * W) % nb] for k in range(expected)]
+    return g
+
+
+def uniform_2000():
+    return np.random.default_rng(24).integers(1, 300, 2000)
+
+
+def with_zeros_and_overlong():
+    rng = np.random.default_rng(25)
+    return np.concatenate(
+        [np.zeros(400, np.int64), rng.integers(1, 300, 2000), rng.integers(2049, 10**5, 60)]
+    )[rng.permutation(2460)]
+
+
+@pytest.mark.parametrize(
+    "lengths,kw",
+    [
+        # the issue's first setup: 202, 203, 202, 205 batches in epochs 0-3 before
+        (uniform_2000, {"max_tokens": 2048, "sort_window": 64}),
+        (uniform_2000, {"max_tokens": 2048, "max_batch_size": 5, "sort_window": 300}),
+        (with_zeros_and_overlong, {"max_tokens": 2048, "sort_window": 500}),
+        (with_zeros_and_overlong, {"max_tokens": 2048}),
+        (lambda: lognormal(3000, seed=26), {"max_tokens": 2048, "sort_window": 7}),
+        (lambda: lognormal(3000, seed=27), {"max_tokens": 4096}),
+    ],
+)
+def test_len_is_the_same_in_every_epoch(lengths, kw):
+    """Frameworks size an epoch once (Lightning, the Trainer's max_steps, LR schedules): with a
+    token budget too, every epoch has the batches len() promised, on every number of ranks."""
+    lengths = lengths()
+    s = make(lengths, **kw)
+    count = len(s)
+    for epoch in range(20):
+        s.set_epoch(epoch)
+        assert len(s) == s.num_batches == count
+        g = check_epoch(lengths, 1, False, epoch, **kw)
+        assert len(g) == count
+    for W in (2, 3, 7):
+        for drop_last in (False, True):
+            for epoch in (0, 5, 11):
+                check_epoch(lengths, W, drop_last, epoch, **kw)
+    fresh = make(lengths, **kw)
+    assert len(fresh) == count and fresh._layout is None  # no epoch scan for len()
+
+
+def test_len_is_the_same_in_every_epoch_at_1e5_lognormal():
+    """The issue's second setup (1535 or 1536 batches before), with the default window."""
+    lengths = lognormal(100_000, seed=24)
+    s = make(lengths, max_tokens=2048)
+    counts = set()
+    for epoch in range(20):
+        s.set_epoch(epoch)
+        counts.add(len(s))
+    assert len(counts) == 1
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        batches = list(s)
+        assert len(batches) == len(s)
+        assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(len(lengths)))
+        assert max(len(b) * int(lengths[b].max()) for b in batches if len(b) > 1) <= 2048
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    high=st.integers(1, 3000),
+    zeros=st.floats(0, 1),
+    max_tokens=st.integers(1, 5000),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 50)),
+    window=st.integers(1, 500),
+    seed=st.integers(0, 2**32),
+)
+def test_fixed_count_property(n, high, zeros, max_tokens, max_batch_size, window, seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, high + 1, n) * (rng.random(n) >= zeros)
+    kw = {"max_tokens": max_tokens, "max_batch_size": max_batch_size, "sort_window": window}
+    counts = {len(check_epoch(lengths, 1, False, epoch, seed=seed, **kw)) for epoch in range(4)}
+    assert counts == {len(make(lengths, seed=seed, **kw))}
+
+
+def test_auto_epoch_advances_over_whole_epochs_of_fixed_length():
+    """A loop that stops after len() batches (Lightning) finishes the pass, so auto_epoch
+    advances, and every epoch trains every item."""
+    lengths = uniform_2000()
+    a = LengthGroupedBatchSampler(
+        lengths, max_tokens=2048, sort_window=64, num_replicas=1, rank=0, auto_epoch=True
+    )
+    steps = len(a)  # sized once, as Lightning does
+    for epoch in range(6):
+        it = iter(a)
+        assert a.epoch == epoch
+        got = [next(it) for _ in range(steps)]  # the loop stops after `steps` batches
+        with pytest.raises(StopIteration):  # ... which ends the pass: the epoch advances
+            next(it)
+        assert np.array_equal(np.sort(np.concatenate(got)), np.arange(2000))
+
+
+def test_zero_lengths_count_as_one_token():
+    """10^6 items, 70% of length 0, max_tokens=4096: one batch of 700,009 items before; now a
+    zero length takes a token-slot like a length of 1, so no batch exceeds 4096 items."""
+    rng = np.random.default_rng(12)
+    lengths = np.zeros(10**6, np.int32)
+    lengths[rng.permutation(10**6)[:300_000]] = rng.integers(1, 200, 300_000)
+    s = make(lengths, max_tokens=4096)
+    batches = list(s)
+    assert len(batches) == len(s)
+    sizes = np.array([len(b) for b in batches])
+    assert sizes.max() <= 4096
+    assert np.array_equal(np.bincount(np.concatenate(batches), minlength=10**6), np.ones(10**6))
+    for b in batches:
+        assert len(b) * max(int(lengths[b].max()), 1) <= 4096
+    # all zeros: batches of exactly max_tokens items but for each window's last
+    zeros = make(np.zeros(10_000, np.int64), max_tokens=100, sort_window=1000)
+    assert sorted({len(b) for b in zeros}) == [100]
+
+
+def pair_repeat(e0, e1, n):
+    """Of the pairs of items sharing a batch in e0, the fraction sharing one in e1."""
+    where = np.empty(n, np.int64)
+    for i, b in enumerate(e1):
+        where[b] = i
+    pairs = again = 0
+    for b in e0:
+        _, c = np.unique(where[b], return_counts=True)
+        pairs += len(b) * (len(b) - 1) // 2
+        again += int((c * (c - 1) // 2).sum())
+    return again / pairs
+
+
+def test_small_epochs_are_fresh_with_the_default_window():
+    """The issue's setup: 20,000 lognormal lengths, max_tokens=8192 were one window (one global
+    sort) by default, so the same batches came back every epoch. Two batch-mates of epoch 0 can
+    share a batch in epoch 1 only if epoch 1 puts them in the same window; each window takes a
+    fixed share of every length class at random, so that chance is about sum_w (m_w / n)^2 for
+    windows of m_w items. Bound the repeat rate by it, plus 5 standard deviations of a rate
+    measured over the epoch's batches (pairs of one batch move together)."""
+    n = 20_000
+    lengths = lognormal(n, seed=28)
+    s0, s1 = make(lengths, 1, 0, 0, max_tokens=8192), make(lengths, 1, 0, 1, max_tokens=8192)
+    layout = s0._epoch_layout()
+    assert layout.num_windows >= 16  # the default keeps at least 16 windows here
+    e0, e1 = list(s0), list(s1)
+    sizes = np.array(
+        [
+            len(np.concatenate(e0[layout.window_offset(w) : layout.window_offset(w + 1)]))
+            for w in range(layout.num_windows)
+        ]
+    )
+    same_window = float(((sizes / n) ** 2).sum())
+    sd = np.sqrt(same_window * (1 - same_window) / len(e0))
+    rate = pair_repeat(e0, e1, n)
+    assert rate <= same_window + 5 * sd, (rate, same_window, sd)
 
 
 # -- lengths: dtypes, no copy, both sort paths -----------------------------------------------

@@ -36,11 +36,40 @@ LengthsArg lengths_view(const py::array& a) {
     return {a, {a.data(), type, static_cast<std::uint64_t>(a.shape(0))}};
 }
 
-// An epoch's layout, with the array its view reads.
+// What does not depend on the epoch, with the array its view reads.
+struct PyLengthLayout {
+    py::array owner;
+    std::shared_ptr<const fastshard::LengthLayout> layout;
+};
+
+// An epoch's batches, with the array its view reads.
 struct PyLengthEpoch {
     py::array owner;
     std::shared_ptr<const fastshard::LengthEpoch> epoch;
 };
+
+PyLengthLayout make_layout(const py::array& a, std::uint64_t batch_size, std::uint64_t max_tokens,
+                           std::uint64_t max_batch_size, std::uint64_t window, std::uint64_t min_class_items) {
+    const LengthsArg arg = lengths_view(a);
+    const fastshard::BatchRule rule{batch_size, max_tokens, max_batch_size};
+    std::shared_ptr<const fastshard::LengthLayout> layout;
+    {
+        // Safe without the GIL: the array is held by this call and only read.
+        py::gil_scoped_release release;
+        layout = std::make_shared<const fastshard::LengthLayout>(arg.view, rule, window, 0, min_class_items);
+    }
+    return PyLengthLayout{arg.owner, std::move(layout)};
+}
+
+PyLengthEpoch make_epoch(const PyLengthLayout& l, std::uint64_t seed, std::uint64_t epoch) {
+    std::shared_ptr<const fastshard::LengthEpoch> e;
+    {
+        // Safe without the GIL: `l` (and its array) is held by the caller and only read.
+        py::gil_scoped_release release;
+        e = std::make_shared<const fastshard::LengthEpoch>(l.layout, seed, epoch, 0);
+    }
+    return PyLengthEpoch{l.owner, std::move(e)};
+}
 
 struct PyLengthShard {
     py::array owner;
@@ -79,30 +108,43 @@ void register_length(py::module_& m) {
           "integer array, in one threaded pass; the same for any number of threads and for equal "
           "values in any integer dtype.");
 
-    py::class_<PyLengthEpoch>(m, "LengthEpoch",
-                              "An epoch's length-grouped batch layout (immutable). The lengths must "
-                              "have been checked non-negative (scan_lengths).")
+    py::class_<PyLengthLayout>(m, "LengthLayout",
+                               "What does not depend on the epoch: windows, length classes and each "
+                               "window's batch count (immutable). The lengths must have been checked "
+                               "non-negative (scan_lengths).")
+        .def(py::init(&make_layout), py::arg("lengths"), py::arg("batch_size"), py::arg("max_tokens"),
+             py::arg("max_batch_size"), py::arg("window"), py::arg("min_class_items") = 0,
+             "Exactly one of batch_size and max_tokens > 0 (max_batch_size 0: no limit); "
+             "min_class_items 0: the default class merging (for measurements).")
+        .def_property_readonly("num_batches", [](const PyLengthLayout& l) { return l.layout->num_batches(); })
+        .def_property_readonly("num_windows", [](const PyLengthLayout& l) { return l.layout->num_windows(); })
+        .def_property_readonly("num_classes", [](const PyLengthLayout& l) { return l.layout->num_classes(); })
+        .def("window_offset", [](const PyLengthLayout& l, std::uint64_t w) {
+                 if (w > l.layout->num_windows()) throw py::index_error("window out of range");
+                 return l.layout->window_offset(w);
+             }, py::arg("window"), "The number of batches of the windows before `window`.")
+        .def("classes", [](const PyLengthLayout& l) {
+                 py::list out;
+                 for (std::uint32_t b = 0; b < l.layout->num_classes(); ++b)
+                     out.append(py::make_tuple(l.layout->class_count(b), l.layout->class_upper(b)));
+                 return out;
+             }, "(items, largest rule length) of each length class, in length order (max_tokens only).");
+
+    py::class_<PyLengthEpoch>(m, "LengthEpoch", "An epoch's length-grouped batches (immutable).")
+        .def(py::init(&make_epoch), py::arg("layout"), py::arg("seed"), py::arg("epoch"))
         .def(py::init([](const py::array& a, std::uint64_t batch_size, std::uint64_t max_tokens,
                          std::uint64_t max_batch_size, std::uint64_t window, std::uint64_t seed,
                          std::uint64_t epoch) {
-                 const LengthsArg arg = lengths_view(a);
-                 const fastshard::BatchRule rule{batch_size, max_tokens, max_batch_size};
-                 std::shared_ptr<const fastshard::LengthEpoch> layout;
-                 {
-                     // Safe without the GIL: the array is held by this call and only read.
-                     py::gil_scoped_release release;
-                     layout = std::make_shared<fastshard::LengthEpoch>(arg.view, rule, window, seed, epoch, 0);
-                 }
-                 return PyLengthEpoch{arg.owner, std::move(layout)};
+                 return make_epoch(make_layout(a, batch_size, max_tokens, max_batch_size, window, 0), seed, epoch);
              }),
              py::arg("lengths"), py::arg("batch_size"), py::arg("max_tokens"), py::arg("max_batch_size"),
              py::arg("window"), py::arg("seed"), py::arg("epoch"),
-             "Exactly one of batch_size and max_tokens > 0 (max_batch_size 0: no limit).")
+             "A layout and its epoch in one call. Exactly one of batch_size and max_tokens > 0.")
         .def_property_readonly("num_batches", [](const PyLengthEpoch& e) { return e.epoch->num_batches(); })
-        .def_property_readonly("num_windows", [](const PyLengthEpoch& e) { return e.epoch->num_windows(); })
+        .def_property_readonly("num_windows", [](const PyLengthEpoch& e) { return e.epoch->layout().num_windows(); })
         .def("window_offset", [](const PyLengthEpoch& e, std::uint64_t w) {
-                 if (w > e.epoch->num_windows()) throw py::index_error("window out of range");
-                 return e.epoch->window_offset(w);
+                 if (w > e.epoch->layout().num_windows()) throw py::index_error("window out of range");
+                 return e.epoch->layout().window_offset(w);
              }, py::arg("window"), "The number of batches of the windows before `window`.");
 
     m.def("length_shard",

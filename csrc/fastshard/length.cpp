@@ -91,7 +91,8 @@ void radix_sort(std::uint64_t* a, std::uint64_t* tmp, std::size_t m, unsigned bi
 }
 
 // Where the batches of a sorted window start: every batch_size items, or greedily by the
-// token budget. Calls start(i) for each batch's first item; returns the number of batches.
+// token budget on the rule lengths `lens` (nondecreasing). Calls start(i) for each batch's
+// first item; returns the number of batches.
 template <class Start>
 std::uint64_t cut(const std::uint64_t* lens, std::uint64_t m, const BatchRule& rule, Start&& start) {
     std::uint64_t batches = 0;
@@ -110,6 +111,86 @@ std::uint64_t cut(const std::uint64_t* lens, std::uint64_t m, const BatchRule& r
         ++open;
     }
     return batches;
+}
+
+// The greedy cut of a sorted window from its class counts alone (what cut() yields on the
+// window's rule lengths): one run of a class at a time, items go into the open batch while it
+// holds fewer than capacity(upper), then fill whole batches of capacity(upper), the last of
+// them left open.
+std::uint64_t cut_count(const std::uint64_t* counts, const std::uint64_t* uppers, std::size_t classes,
+                        const BatchRule& rule) {
+    std::uint64_t batches = 0, open = 0;
+    for (std::size_t b = 0; b < classes; ++b) {
+        std::uint64_t c = counts[b];
+        if (c == 0) continue;
+        const std::uint64_t cap = rule.capacity(uppers[b]);
+        if (open > 0 && open < cap) {
+            const std::uint64_t take = std::min(c, cap - open);
+            open += take;
+            c -= take;
+        }
+        if (c > 0) {
+            batches += (c - 1) / cap + 1;
+            open = c % cap == 0 ? cap : c % cap;
+        }
+    }
+    return batches;
+}
+
+// Sorts (lens, items) by (length, index): one radix sort of (length - lo, index) packed in a
+// word where they fit, else comparisons.
+void sort_by_length(std::vector<std::uint64_t>& lens, std::vector<std::uint64_t>& items) {
+    const std::size_t m = items.size();
+    if (m == 0) return;
+    const auto [lo_it, hi_it] = std::minmax_element(lens.begin(), lens.end());
+    const std::uint64_t lo = *lo_it, hi = *hi_it;
+    const unsigned range_bits = bit_width(hi - lo);
+    const unsigned index_bits = bit_width(m - 1);
+    if (range_bits + index_bits <= 64) {
+        std::vector<std::uint64_t> keys(m), tmp(m);
+        for (std::size_t i = 0; i < m; ++i) keys[i] = ((lens[i] - lo) << index_bits) | i;
+        radix_sort(keys.data(), tmp.data(), m, range_bits + index_bits);
+        const std::uint64_t mask = index_bits == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << index_bits) - 1;
+        for (std::size_t i = 0; i < m; ++i) {
+            const std::uint64_t pos = index_bits == 0 ? 0 : keys[i] & mask;
+            tmp[i] = items[pos];
+            keys[i] = lens[pos];
+        }
+        items.swap(tmp);
+        lens.swap(keys);
+        return;
+    }
+    // Lengths too far apart to pack with the index: the same order, by comparisons.
+    std::vector<std::uint64_t> order(m);
+    std::iota(order.begin(), order.end(), std::uint64_t{0});
+    std::sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+        return lens[a] != lens[b] ? lens[a] < lens[b] : a < b;
+    });
+    std::vector<std::uint64_t> sorted_items(m), sorted_lens(m);
+    for (std::size_t i = 0; i < m; ++i) {
+        sorted_items[i] = items[order[i]];
+        sorted_lens[i] = lens[order[i]];
+    }
+    items.swap(sorted_items);
+    lens.swap(sorted_lens);
+}
+
+// Calls f(position, item, length) for the epoch's positions [first, last), in order.
+template <class F>
+void walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first, std::uint64_t last, F&& f) {
+    constexpr std::uint64_t kBlock = 1024;
+    std::uint64_t buf[kBlock];
+    with_type(lengths.type, [&](auto tag) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+        const T* data = static_cast<const T*>(lengths.data);
+        for (std::uint64_t p0 = first; p0 < last; p0 += kBlock) {
+            const std::size_t len = static_cast<std::size_t>(std::min(kBlock, last - p0));
+            for (std::size_t i = 0; i < len; ++i) buf[i] = p0 + i;
+            perm.apply(buf, len);  // positions -> the epoch's items
+            for (std::size_t i = 0; i < len; ++i)
+                f(p0 + i, buf[i], static_cast<std::uint64_t>(data[buf[i]]));  // checked >= 0
+        }
+    });
 }
 
 }  // namespace
@@ -145,14 +226,29 @@ LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
     return s;
 }
 
-LengthEpoch::LengthEpoch(const Lengths& lengths, const BatchRule& rule, std::uint64_t window,
-                         std::uint64_t seed, std::uint64_t epoch, unsigned threads)
-    : lengths_(lengths),
-      rule_(rule),
-      window_(window),
-      seed_(seed),
-      epoch_(epoch),
-      perm_(lengths.n == 0 ? 1 : lengths.n, derive_key(kLengthDomain, lengths.n, seed, epoch)) {
+namespace {
+
+// Fewest items per length class (measured: bench/RESULTS.md). A window's quota of a class must
+// come from near the window's own range of the order, or gathering it reads far ranges: a class
+// of c items sits, at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c)) positions,
+// from its quota, and a window reads its own range plus the largest deviation of its classes
+// on either side. Merging costs batches, though (a merged class's bound is its largest length):
+// at 1e7 lognormal lengths in 245 windows, classes of >= windows^2 / 32 items read 11 windows
+// per window for 0.8% more batches than a cut on the actual lengths; >= windows^2 / 8, 7
+// windows for 3.3% more; >= windows^2 / 2, 5 windows for 14% more. Small epochs (windows * n <=
+// 2^24 positions: reading all of them for every window costs a few tenths of a second) keep
+// every fine bucket, and at least 32 classes stay possible whatever the number of windows.
+std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
+    if (windows <= (std::uint64_t{1} << 24) / n) return 1;
+    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 32;
+    return std::max<std::uint64_t>(1, std::min(by_windows, n / 32));
+}
+
+}  // namespace
+
+LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads,
+                           std::uint64_t min_class_items)
+    : lengths_(lengths), rule_(rule), window_(window) {
     if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
     if (window == 0) throw std::invalid_argument("sort_window must be >= 1");
     if ((rule.batch_size == 0) == (rule.max_tokens == 0))
@@ -160,142 +256,240 @@ LengthEpoch::LengthEpoch(const Lengths& lengths, const BatchRule& rule, std::uin
     const std::uint64_t n = lengths.n;
     const std::uint64_t windows = (n - 1) / window + 1;
     offsets_.assign(static_cast<std::size_t>(windows) + 1, 0);
-    const auto size_of = [&](std::uint64_t w) { return std::min(window, n - w * window); };
     if (rule.batch_size != 0) {
         // A fixed count: every window's number of batches is known without reading a length.
-        for (std::uint64_t w = 0; w < windows; ++w)
-            offsets_[w + 1] = offsets_[w] + (size_of(w) + rule.batch_size - 1) / rule.batch_size;
+        for (std::uint64_t w = 0; w < windows; ++w) {
+            const std::uint64_t size = std::min(window, n - w * window);
+            offsets_[w + 1] = offsets_[w] + (size + rule.batch_size - 1) / rule.batch_size;
+        }
         return;
     }
-    // A token budget: each window is sorted once to count its batches, windows in parallel.
-    parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        std::vector<std::uint64_t> lens, scratch;
-        for (std::uint64_t w = w0; w < w0 + count; ++w) offsets_[w + 1] = count_window(w, lens, scratch);
+    // One pass over the lengths: items and the largest rule length per fine bucket.
+    const std::uint64_t blocks = (n + kScanBlock - 1) / kScanBlock;
+    std::vector<std::vector<std::uint64_t>> counts(threads == 0 ? default_threads() : threads),
+        maxima(counts.size());
+    const unsigned parts = with_type(lengths.type, [&](auto tag) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+        const T* data = static_cast<const T*>(lengths.data);
+        return parallel_for(blocks, static_cast<unsigned>(counts.size()), 16,
+                            [&](unsigned part, std::uint64_t b0, std::uint64_t count) {
+                                std::vector<std::uint64_t> c(kFineBuckets), mx(kFineBuckets);
+                                const std::uint64_t end = std::min(n, (b0 + count) * kScanBlock);
+                                for (std::uint64_t k = b0 * kScanBlock; k < end; ++k) {
+                                    const auto raw = static_cast<std::uint64_t>(data[k]);  // checked >= 0
+                                    const std::uint64_t v = raw == 0 ? 1 : raw;
+                                    const std::uint32_t f = fine_bucket(v);
+                                    ++c[f];
+                                    mx[f] = v > mx[f] ? v : mx[f];
+                                }
+                                counts[part] = std::move(c);
+                                maxima[part] = std::move(mx);
+                            });
+    });
+    std::vector<std::uint64_t> fine(kFineBuckets), fine_max(kFineBuckets);
+    for (unsigned p = 0; p < parts; ++p)
+        for (std::uint32_t f = 0; f < kFineBuckets; ++f) {
+            fine[f] += counts[p][f];
+            fine_max[f] = std::max(fine_max[f], maxima[p][f]);
+        }
+    // Classes: occupied fine buckets in length order, merged upwards until each holds at least
+    // class_min_items; a short last class joins the one before it.
+    const std::uint64_t min_items = min_class_items != 0 ? min_class_items : class_min_items(n, windows);
+    fine_to_class_.assign(kFineBuckets, 0);
+    std::uint64_t open = 0;
+    for (std::uint32_t f = 0; f < kFineBuckets; ++f) {
+        if (fine[f] == 0) {
+            fine_to_class_[f] = static_cast<std::uint32_t>(class_count_.size());  // never looked up
+            continue;
+        }
+        if (class_count_.empty() || open >= min_items) {
+            class_count_.push_back(0);
+            class_upper_.push_back(0);
+        }
+        fine_to_class_[f] = static_cast<std::uint32_t>(class_count_.size() - 1);
+        class_count_.back() += fine[f];
+        class_upper_.back() = fine_max[f];
+        open = class_count_.back();
+    }
+    if (class_count_.size() > 1 && class_count_.back() < min_items) {
+        const auto last = static_cast<std::uint32_t>(class_count_.size() - 1);
+        for (auto& c : fine_to_class_)
+            if (c >= last) c = last - 1;
+        class_count_[last - 1] += class_count_[last];
+        class_upper_[last - 1] = class_upper_[last];
+        class_count_.pop_back();
+        class_upper_.pop_back();
+    }
+    // An empty fine bucket maps to the class above it (the last class past the top): never
+    // looked up unless the lengths change under the sampler, and then still a valid class, so
+    // the mismatch is caught by the build's count check rather than read out of bounds.
+    const std::uint32_t classes = num_classes();
+    for (auto& c : fine_to_class_) c = std::min(c, classes - 1);
+    // Each window's batch count from its class quotas: the same in every epoch.
+    parallel_for(windows, threads, 64, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+        std::vector<std::uint64_t> quota(classes);
+        for (std::uint64_t w = w0; w < w0 + count; ++w) {
+            for (std::uint32_t b = 0; b < classes; ++b) quota[b] = quota_before(w + 1, b) - quota_before(w, b);
+            offsets_[w + 1] = cut_count(quota.data(), class_upper_.data(), classes, rule_);
+        }
     });
     for (std::uint64_t w = 0; w < windows; ++w) offsets_[w + 1] += offsets_[w];
 }
 
-std::uint64_t LengthEpoch::window_of(std::uint64_t g) const noexcept {
+std::uint64_t LengthLayout::quota_before(std::uint64_t w, std::uint32_t b) const noexcept {
+    __extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
+    return static_cast<std::uint64_t>(static_cast<u128>(class_count_[b]) * window_start(w) / lengths_.n);
+}
+
+std::uint64_t LengthLayout::window_of(std::uint64_t g) const noexcept {
     // The last window whose offset is <= g (every window has at least one batch).
     const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), g);
     return static_cast<std::uint64_t>(it - offsets_.begin()) - 1;
 }
 
-std::pair<std::uint64_t, std::uint64_t> LengthEpoch::gather_window(
-    std::uint64_t w, std::vector<std::uint64_t>& items, std::vector<std::uint64_t>& lens) const {
-    const std::uint64_t first = w * window_;
-    const auto m = static_cast<std::size_t>(std::min(window_, lengths_.n - first));
-    items.resize(m);
-    lens.resize(m);
-    std::iota(items.begin(), items.end(), first);
-    perm_.apply(items.data(), m);  // positions -> the epoch's items
-    std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
-    with_type(lengths_.type, [&](auto tag) {
-        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-        const T* data = static_cast<const T*>(lengths_.data);
-        for (std::size_t i = 0; i < m; ++i) {
-            const auto v = static_cast<std::uint64_t>(data[items[i]]);  // checked >= 0
-            lens[i] = v;
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
+LengthEpoch::LengthEpoch(std::shared_ptr<const LengthLayout> layout, std::uint64_t seed, std::uint64_t epoch,
+                         unsigned threads)
+    : layout_(std::move(layout)),
+      seed_(seed),
+      epoch_(epoch),
+      perm_(layout_->num_items(), derive_key(kLengthDomain, layout_->num_items(), seed, epoch)) {
+    if (!layout_->stratified()) return;
+    // One scan of the epoch's order: each class's count in every window's range of positions,
+    // then prefix sums. Windows in parallel.
+    const LengthLayout& L = *layout_;
+    const std::uint64_t windows = L.num_windows();
+    const std::uint32_t classes = L.num_classes();
+    prefix_.assign(static_cast<std::size_t>((windows + 1) * classes), 0);
+    parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+        for (std::uint64_t w = w0; w < w0 + count; ++w) {
+            std::uint64_t* row = prefix_.data() + (w + 1) * classes;
+            walk_order(L.lengths(), perm_, L.window_start(w), L.window_start(w + 1),
+                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) { ++row[L.class_of(v)]; });
         }
     });
-    return {lo, hi};
+    for (std::uint64_t w = 1; w <= windows; ++w)
+        for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
 }
 
-void LengthEpoch::sorted_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
-                                std::vector<std::uint64_t>& items) const {
-    const auto [lo, hi] = gather_window(w, items, lens);
-    const std::size_t m = items.size();
-    const unsigned range_bits = bit_width(hi - lo);
-    const unsigned index_bits = bit_width(m - 1);
-    if (range_bits + index_bits <= 64) {
-        // (length - lo, position in window) packed in one word: one radix sort orders by
-        // length, ties by position, with no comparisons.
-        std::vector<std::uint64_t> keys(m), tmp(m);
-        for (std::size_t i = 0; i < m; ++i) keys[i] = ((lens[i] - lo) << index_bits) | i;
-        radix_sort(keys.data(), tmp.data(), m, range_bits + index_bits);
-        const std::uint64_t mask = (std::uint64_t{1} << index_bits) - 1;
-        for (std::size_t i = 0; i < m; ++i) {
-            const std::uint64_t pos = index_bits == 0 ? 0 : keys[i] & mask;
-            tmp[i] = items[pos];
-            keys[i] = lens[pos];
-        }
-        items.swap(tmp);
-        lens.swap(keys);
+void LengthEpoch::gather_window(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
+    out.items.clear();
+    lens.clear();
+    if (layout_->stratified()) {
+        gather_stratified(w, out, lens);
         return;
     }
-    // Lengths too far apart to pack with the position: the same order, by comparisons.
-    std::vector<std::uint64_t> order(m);
-    std::iota(order.begin(), order.end(), std::uint64_t{0});
-    std::sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
-        return lens[a] != lens[b] ? lens[a] < lens[b] : a < b;
-    });
-    std::vector<std::uint64_t> sorted_items(m), sorted_lens(m);
-    for (std::size_t i = 0; i < m; ++i) {
-        sorted_items[i] = items[order[i]];
-        sorted_lens[i] = lens[order[i]];
-    }
-    items.swap(sorted_items);
-    lens.swap(sorted_lens);
+    walk_order(layout_->lengths(), perm_, layout_->window_start(w), layout_->window_start(w + 1),
+               [&](std::uint64_t, std::uint64_t item, std::uint64_t v) {
+                   out.items.push_back(item);
+                   lens.push_back(v);
+               });
 }
 
-std::uint64_t LengthEpoch::count_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
-                                        std::vector<std::uint64_t>& scratch) const {
-    const auto [lo, hi] = gather_window(w, scratch, lens);
-    const std::size_t m = lens.size();
-    if (hi - lo >= 4 * static_cast<std::uint64_t>(m)) {
-        // Lengths spread over many values: sort them alone (positions do not matter here).
-        for (auto& v : lens) v -= lo;
-        radix_sort(lens.data(), scratch.data(), m, bit_width(hi - lo));
-        for (auto& v : lens) v += lo;
-        return cut(lens.data(), m, rule_, [](std::uint64_t) {});
-    }
-    // Few distinct values: only how many items have each length matters, a histogram. The
-    // greedy cut of the sorted window, one run of equal lengths v at a time: items go into
-    // the open batch while it holds fewer than capacity(v), then fill whole batches of
-    // capacity(v), the last of them left open.
-    scratch.assign(static_cast<std::size_t>(hi - lo) + 1, 0);
-    for (const auto v : lens) ++scratch[static_cast<std::size_t>(v - lo)];
-    std::uint64_t batches = 0, open = 0;
-    for (std::size_t i = 0; i < scratch.size(); ++i) {
-        std::uint64_t c = scratch[i];
-        if (c == 0) continue;
-        const std::uint64_t cap = rule_.capacity(lo + i);
-        if (open > 0 && open < cap) {
-            const std::uint64_t take = std::min(c, cap - open);
-            open += take;
-            c -= take;
+namespace {
+
+// The most positions a shard keeps read (16 bytes each): past this, a window's ranges are read
+// afresh each time.
+constexpr std::uint64_t kMaxWalked = std::uint64_t{1} << 22;
+
+}  // namespace
+
+void LengthEpoch::gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
+    const LengthLayout& L = *layout_;
+    const std::uint64_t windows = L.num_windows();
+    const std::uint32_t classes = L.num_classes();
+    // Class b's items of window w are those of class rank [lo[b], hi[b]) in the epoch's order.
+    // The ranges of the order holding them: from the last range starting at a rank <= lo[b] to
+    // the last starting at a rank <= hi[b] - 1 (binary searches down the prefix histogram).
+    std::vector<std::uint64_t> lo(classes), hi(classes);
+    std::uint64_t first = windows, last = 0;  // ranges [first, last] of the order to read
+    const auto range_of = [&](std::uint32_t b, std::uint64_t rank) {
+        std::uint64_t a = 0, z = windows;  // the last k with prefix(k) <= rank: prefix(0) = 0
+        while (a < z) {
+            const std::uint64_t mid = a + (z - a + 1) / 2;
+            if (prefix_[mid * classes + b] <= rank) a = mid;
+            else z = mid - 1;
         }
-        if (c > 0) {
-            batches += (c - 1) / cap + 1;
-            open = c % cap == 0 ? cap : c % cap;
-        }
+        return a;
+    };
+    for (std::uint32_t b = 0; b < classes; ++b) {
+        lo[b] = L.quota_before(w, b);
+        hi[b] = L.quota_before(w + 1, b);
+        if (hi[b] == lo[b]) continue;
+        first = std::min(first, range_of(b, lo[b]));
+        last = std::max(last, range_of(b, hi[b] - 1));
     }
-    return batches;
+    if (first > last) return;
+    const std::uint64_t p0 = L.window_start(first), p1 = L.window_start(last + 1);
+    std::vector<std::uint64_t> rank(prefix_.begin() + static_cast<std::ptrdiff_t>(first * classes),
+                                    prefix_.begin() + static_cast<std::ptrdiff_t>((first + 1) * classes));
+    const auto take = [&](std::uint64_t item, std::uint64_t v) {
+        const std::uint32_t b = L.class_of(v);
+        const std::uint64_t r = rank[b]++;
+        if (r >= lo[b] && r < hi[b]) {
+            out.items.push_back(item);
+            lens.push_back(v);
+        }
+    };
+    if (p1 - p0 > kMaxWalked) {
+        out.walked_items.clear();
+        out.walked_lens.clear();
+        walk_order(L.lengths(), perm_, p0, p1, [&](std::uint64_t, std::uint64_t item, std::uint64_t v) { take(item, v); });
+        return;
+    }
+    // Windows read in order read overlapping ranges: keep what was read, read only the rest.
+    const std::uint64_t c0 = out.walked_first, c1 = c0 + out.walked_items.size();
+    std::vector<std::uint64_t> items(static_cast<std::size_t>(p1 - p0)), vals(items.size());
+    const auto store = [&](std::uint64_t p, std::uint64_t item, std::uint64_t v) {
+        items[static_cast<std::size_t>(p - p0)] = item;
+        vals[static_cast<std::size_t>(p - p0)] = v;
+    };
+    const std::uint64_t k0 = std::max(p0, c0), k1 = std::min(p1, c1);  // kept: [k0, k1)
+    if (k0 < k1) {
+        walk_order(L.lengths(), perm_, p0, k0, store);
+        std::copy(out.walked_items.begin() + static_cast<std::ptrdiff_t>(k0 - c0),
+                  out.walked_items.begin() + static_cast<std::ptrdiff_t>(k1 - c0),
+                  items.begin() + static_cast<std::ptrdiff_t>(k0 - p0));
+        std::copy(out.walked_lens.begin() + static_cast<std::ptrdiff_t>(k0 - c0),
+                  out.walked_lens.begin() + static_cast<std::ptrdiff_t>(k1 - c0),
+                  vals.begin() + static_cast<std::ptrdiff_t>(k0 - p0));
+        walk_order(L.lengths(), perm_, k1, p1, store);
+    } else {
+        walk_order(L.lengths(), perm_, p0, p1, store);
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) take(items[i], vals[i]);
+    out.walked_first = p0;
+    out.walked_items.swap(items);
+    out.walked_lens.swap(vals);
 }
 
 void LengthEpoch::build(std::uint64_t w, WindowBatches& out) const {
+    const LengthLayout& L = *layout_;
     std::vector<std::uint64_t> lens;
-    sorted_window(w, lens, out.items);
+    gather_window(w, out, lens);  // in the order's position order
+    sort_by_length(lens, out.items);
+    if (L.stratified())  // the budget applies to the class bounds
+        for (auto& v : lens) v = L.class_upper(L.class_of(v));
     out.starts.clear();
     const std::uint64_t m = lens.size();
-    const std::uint64_t batches = cut(lens.data(), m, rule_, [&](std::uint64_t i) { out.starts.push_back(i); });
+    const std::uint64_t batches = cut(lens.data(), m, L.rule(), [&](std::uint64_t i) { out.starts.push_back(i); });
     out.starts.push_back(m);
-    if (batches != offsets_[w + 1] - offsets_[w])
-        throw std::logic_error("length-grouped window: batch count differs from the epoch's count");
+    if (batches != L.window_offset(w + 1) - L.window_offset(w))
+        throw std::logic_error(
+            "length-grouped window: batch count differs from the layout's count (were the lengths "
+            "modified while the sampler was in use?)");
     out.order = std::make_unique<Feistel>(batches, derive_key(kLengthDomain + 1, w, seed_, epoch_));
     out.window = w;
 }
 
 void LengthShard::global_batch(std::uint64_t g, std::vector<std::uint64_t>& out) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    const std::uint64_t w = epoch_->window_of(g);
+    const LengthLayout& layout = epoch_->layout();
+    const std::uint64_t w = layout.window_of(g);
     if (cache_.window != w) {
         cache_.window = ~std::uint64_t{0};  // invalid until the build completes
         epoch_->build(w, cache_);
     }
-    const std::uint64_t b = (*cache_.order)(g - epoch_->window_offset(w));
+    const std::uint64_t b = (*cache_.order)(g - layout.window_offset(w));
     const auto begin = cache_.items.begin() + static_cast<std::ptrdiff_t>(cache_.starts[b]);
     const auto end = cache_.items.begin() + static_cast<std::ptrdiff_t>(cache_.starts[b + 1]);
     out.insert(out.end(), begin, end);

@@ -1,17 +1,36 @@
 // Length-grouped batches: the unit of the epoch's global sequence G is a batch.
 //
-// The epoch's items in the feistel order of (seed, epoch) are cut into windows of `window`
-// consecutive positions. Each window is sorted by length (ties by position in the window, so
-// the result is one well-defined order) and cut into batches: every `batch_size` items, or
-// greedily by a padded-token budget (a batch takes the next item while
-// (count + 1) * length <= max_tokens and count + 1 <= max_batch_size; an item longer than the
-// budget alone is a batch of its own). The window's batches are then shuffled by a keyed
-// permutation of their own. G is window 0's batches, then window 1's, ...: the same for every
-// number of ranks. The shared Plan (plan.hpp) over the number of batches says which batches a
-// rank takes, exactly as it says which items a rank takes for the other samplers.
+// The epoch's items in the feistel order of (seed, epoch) are dealt into windows. Each window
+// is sorted by length (ties by position in the order, so the result is one well-defined order)
+// and cut into batches: every `batch_size` items, or greedily by a padded-token budget. The
+// window's batches are then shuffled by a keyed permutation of their own. G is window 0's
+// batches, then window 1's, ...: the same for every number of ranks. The shared Plan (plan.hpp)
+// over the number of batches says which batches a rank takes, exactly as it says which items a
+// rank takes for the other samplers.
 //
-// Memory beyond the lengths: one offset per window (the batch count before it), and per rank
-// the one window it is reading (its items sorted, 8 bytes each, and its batch boundaries).
+// With batch_size, window w is positions [w * window, (w + 1) * window) of the order. With
+// max_tokens the number of batches must not depend on the epoch (frameworks size an epoch once),
+// so windows are stratified by length class instead:
+// - a length class groups lengths (rule length max(v, 1): exact below 128, then 7 significant
+//   bits, merged upwards until each class holds enough items, see LengthLayout); its bound
+//   upper_b is the largest rule length of its items;
+// - window w gets a fixed quota of each class, N_wb = floor(c_b s_{w+1} / n) - floor(c_b s_w / n)
+//   (s_w = min(w * window, n)): the class-b items of the epoch's order of class rank
+//   [floor(c_b s_w / n), floor(c_b s_{w+1} / n));
+// - the window, sorted by (length, position), is cut greedily with the budget applied to the
+//   class bounds: a batch takes the next item while (count + 1) * upper_b <= max_tokens (and
+//   count + 1 <= max_batch_size). Sorted by length is sorted by class, so the cut depends on the
+//   class counts N_w. alone: every window's batch count is fixed by the lengths and the
+//   configuration, the same in every epoch, and len(batch) * max(lengths) <= max_tokens holds
+//   for every batch of more than one item.
+// The epoch finds a window's items without a per-item index: one scan of the epoch's order keeps
+// each class's count before every window boundary of the order (a prefix histogram), and the
+// window reads the few ranges of the order that hold its class ranks.
+//
+// Memory beyond the lengths: one offset per window; with max_tokens the class table and a
+// (windows + 1) x classes prefix histogram per epoch; per rank the one window it is reading
+// (its items sorted, 8 bytes each, and its batch boundaries) and, with max_tokens, the ranges
+// of the order that window read (16 bytes per position, at most 2^22 positions).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +41,7 @@
 #include <vector>
 
 #include "fastshard/feistel.hpp"
+#include "fastshard/mix.hpp"
 #include "fastshard/plan.hpp"
 
 namespace fastshard {
@@ -58,13 +78,27 @@ struct BatchRule {
     std::uint64_t max_tokens = 0;
     std::uint64_t max_batch_size = 0;
 
-    // Items a batch whose longest item has length v may hold (>= 1).
+    // Items a batch whose longest item has rule length v >= 1 may hold (>= 1). A zero length
+    // counts as 1, so a batch never holds more than max_tokens items.
     std::uint64_t capacity(std::uint64_t v) const noexcept {
-        std::uint64_t cap = v == 0 ? ~std::uint64_t{0} : max_tokens / v;
+        std::uint64_t cap = max_tokens / (v == 0 ? 1 : v);
         if (max_batch_size != 0 && cap > max_batch_size) cap = max_batch_size;
         return cap == 0 ? 1 : cap;
     }
 };
+
+// Fine length buckets of a rule length v >= 1: exact below 128, then the top 7 significant
+// bits (each bucket spans less than 1/64 of its lower end). 3776 buckets cover 64-bit lengths.
+constexpr std::uint32_t kFineBuckets = 64 * 59;
+inline std::uint32_t fine_bucket(std::uint64_t v) noexcept {
+    if (v < 128) return static_cast<std::uint32_t>(v);
+#if defined(__GNUC__) || defined(__clang__)
+    const unsigned e = 64U - static_cast<unsigned>(__builtin_clzll(v)) - 7;  // v >= 128: no zero
+#else
+    const unsigned e = bit_width(v) - 7;
+#endif
+    return 64 * (e + 1) + static_cast<std::uint32_t>((v >> e) & 63);
+}
 
 // One window, sorted and cut: its items in batch order and where each batch starts.
 struct WindowBatches {
@@ -72,15 +106,23 @@ struct WindowBatches {
     std::vector<std::uint64_t> items;    // the window's items sorted by (length, position)
     std::vector<std::uint64_t> starts;   // batch b is items[starts[b], starts[b + 1])
     std::unique_ptr<Feistel> order;      // batch position in G -> batch of the window
+    // With max_tokens: the (item, length) at positions [walked_first, walked_first + size) of
+    // the order that the last window read, so that the next window (whose ranges overlap
+    // them) does not read them again.
+    std::uint64_t walked_first = 0;
+    std::vector<std::uint64_t> walked_items, walked_lens;
 };
 
-// An epoch's batch layout: how many batches each window has. With batch_size this is
-// arithmetic; with max_tokens every window is sorted once (in parallel) to count them.
-class LengthEpoch {
+// What does not depend on the epoch: the windows, the length classes and each window's number
+// of batches. With max_tokens this takes one threaded pass over the lengths (a histogram).
+class LengthLayout {
   public:
-    LengthEpoch(const Lengths& lengths, const BatchRule& rule, std::uint64_t window,
-                std::uint64_t seed, std::uint64_t epoch, unsigned threads);
+    // min_class_items: the fewest items per length class (0: the default rule, see length.cpp).
+    LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads,
+                 std::uint64_t min_class_items = 0);
 
+    const Lengths& lengths() const noexcept { return lengths_; }
+    const BatchRule& rule() const noexcept { return rule_; }
     std::uint64_t num_items() const noexcept { return lengths_.n; }
     std::uint64_t num_batches() const noexcept { return offsets_.back(); }
     std::uint64_t num_windows() const noexcept { return offsets_.size() - 1; }
@@ -89,27 +131,53 @@ class LengthEpoch {
     std::uint64_t window_offset(std::uint64_t w) const noexcept { return offsets_[w]; }
     // The window holding global batch g (< num_batches()).
     std::uint64_t window_of(std::uint64_t g) const noexcept;
+    // First position of window w in the epoch's order (also the class quotas' s_w).
+    std::uint64_t window_start(std::uint64_t w) const noexcept {
+        return w * window_ < lengths_.n ? w * window_ : lengths_.n;
+    }
+
+    // Length classes (max_tokens only; 0 classes with batch_size).
+    bool stratified() const noexcept { return rule_.max_tokens != 0; }
+    std::uint32_t num_classes() const noexcept { return static_cast<std::uint32_t>(class_count_.size()); }
+    std::uint32_t class_of(std::uint64_t length) const noexcept {
+        return fine_to_class_[fine_bucket(length == 0 ? 1 : length)];
+    }
+    std::uint64_t class_upper(std::uint32_t b) const noexcept { return class_upper_[b]; }
+    std::uint64_t class_count(std::uint32_t b) const noexcept { return class_count_[b]; }
+    // Class-b items of windows before w: floor(c_b s_w / n).
+    std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
+
+  private:
+    Lengths lengths_;
+    BatchRule rule_;
+    std::uint64_t window_;
+    std::vector<std::uint32_t> fine_to_class_;
+    std::vector<std::uint64_t> class_count_, class_upper_;
+    std::vector<std::uint64_t> offsets_;  // num_windows + 1
+};
+
+// An epoch's batches: the layout's windows filled from the epoch's order.
+class LengthEpoch {
+  public:
+    LengthEpoch(std::shared_ptr<const LengthLayout> layout, std::uint64_t seed, std::uint64_t epoch,
+                unsigned threads);
+
+    const LengthLayout& layout() const noexcept { return *layout_; }
+    std::uint64_t num_batches() const noexcept { return layout_->num_batches(); }
 
     // Sorts and cuts window w into `out` (reusing its buffers).
     void build(std::uint64_t w, WindowBatches& out) const;
 
   private:
-    // Window w's items (in the epoch's order) and their lengths; returns (min, max) length.
-    std::pair<std::uint64_t, std::uint64_t> gather_window(std::uint64_t w, std::vector<std::uint64_t>& items,
-                                                          std::vector<std::uint64_t>& lens) const;
-    // The window's (length, item) pairs sorted by (length, position in the window).
-    void sorted_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
-                       std::vector<std::uint64_t>& items) const;
-    // The number of batches of window w (what build would cut), from its lengths alone.
-    std::uint64_t count_window(std::uint64_t w, std::vector<std::uint64_t>& lens,
-                               std::vector<std::uint64_t>& scratch) const;
+    // Window w's items (in the epoch's order) and their lengths.
+    void gather_window(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const;
+    void gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const;
 
-    Lengths lengths_;
-    BatchRule rule_;
-    std::uint64_t window_;
+    std::shared_ptr<const LengthLayout> layout_;
     std::uint64_t seed_, epoch_;
     Feistel perm_;
-    std::vector<std::uint64_t> offsets_;  // num_windows + 1
+    // With max_tokens: prefix_[k * classes + b] = class-b items at positions [0, window_start(k)).
+    std::vector<std::uint64_t> prefix_;
 };
 
 // A rank's share of an epoch's batches, through the shared Plan (plan.n = the number of
