@@ -263,7 +263,6 @@ def test_lightning_length_grouped_epochs_are_fresh_and_whole(lightning_report):
     for e in epochs.values():
         # padding repeats fewer than 2 batches; every item is trained every epoch
         assert e["distinct"] == N and e["out_of_range"] == 0, e
-        assert e["per_rank"] == epochs["0"]["per_rank"]
     firsts = [tuple(map(tuple, e["first"])) for e in epochs.values()]
     assert len(set(firsts)) == 3  # a fresh order every epoch
     assert r["sampler_epoch"] == 2
