@@ -222,6 +222,23 @@ def test_lightning_keeps_the_weighted_sampler(lightning_report):
     assert r["epochs"]["0"]["first"] != r["epochs"]["1"]["first"]
 
 
+def mixture_epochs(epochs: dict[str, Any]) -> None:
+    """N draws per epoch, 500 from each dataset, the second's 400 items once or twice each."""
+    assert sorted(epochs) == ["0", "1"]
+    for e in epochs.values():
+        assert e["total"] == N and e["out_of_range"] == 0, e
+        assert e["per_dataset"] == [500, 500] and e["second_counts"] == [1, 2], e
+    assert epochs["0"]["first"] != epochs["1"]["first"]
+
+
+def test_lightning_keeps_the_mixture_sampler(lightning_report):
+    r = lightning_report["mixture"]
+    assert "error" not in r, r
+    mixture_epochs(r["epochs"])
+    for e in r["epochs"].values():
+        assert e["per_rank"] == [500, 500]
+
+
 def test_lightning_batch_sampler_raises_with_the_way_that_works(lightning_report):
     r = lightning_report["batch_sampler"]
     assert r.get("error") == "TypeError", r
@@ -306,6 +323,23 @@ def test_accelerate_weighted_global_order(accelerate_report):
     assert "error" not in r, r
     for e in r["epochs"].values():
         assert e["per_rank"] == [500, 500] and e["out_of_range"] == 0
+
+
+def test_accelerate_mixture_global_order(accelerate_report):
+    r = accelerate_report["mixture_documented"]
+    assert "error" not in r, r
+    mixture_epochs(r["epochs"])
+
+
+def test_accelerate_length_grouped_global_order(accelerate_report):
+    """accelerate splits a global LengthGroupedBatchSampler's batches and sets its epoch."""
+    r = accelerate_report["length_grouped_documented"]
+    assert "error" not in r, r
+    for e in r["epochs"].values():
+        # accelerate completes the last round of batches from the start of the epoch
+        assert e["distinct"] == N and e["out_of_range"] == 0, e
+    assert r["epochs"]["0"]["first"] != r["epochs"]["1"]["first"]
+    assert r["sampler_epoch"] == 1
 
 
 @pytest.mark.parametrize("scenario", ["misuse", "misuse_batch_sampler"])

@@ -61,6 +61,22 @@ def summary(per_rank: list[list[int]], n: int = N) -> dict[str, Any]:
     }
 
 
+# A two-dataset mixture over the N items: [0, 600) and [600, N), at equal weights, N draws
+# per epoch: 500 from each (the second dataset's 400 items each drawn once or twice).
+MIX_SIZES, MIX_WEIGHTS = [600, N - 600], [1, 1]
+
+
+def mixture_counts(per_rank: list[list[int]]) -> dict[str, Any]:
+    """How many draws of each mixture dataset the ranks trained on, and the spread of the
+    second dataset's per-item counts."""
+    items = [i for seen in per_rank for i in seen]
+    second = Counter(i for i in items if i >= MIX_SIZES[0])
+    return {
+        "per_dataset": [sum(1 for i in items if i < MIX_SIZES[0]), sum(second.values())],
+        "second_counts": sorted(set(second.values())),
+    }
+
+
 def report(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
     if dist.is_initialized() and dist.get_rank() != 0:
         return

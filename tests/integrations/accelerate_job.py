@@ -14,7 +14,19 @@ import sys
 from typing import Any
 
 import torch.distributed as dist
-from _common import BATCH, TIMEOUT, IndexDataset, error_text, gather, report, run, summary
+from _common import (
+    BATCH,
+    MIX_SIZES,
+    MIX_WEIGHTS,
+    TIMEOUT,
+    IndexDataset,
+    error_text,
+    gather,
+    mixture_counts,
+    report,
+    run,
+    summary,
+)
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch.utils.data import DataLoader
@@ -54,6 +66,26 @@ def weighted_documented() -> dict[str, Any]:
     return {
         "epochs": epochs(accelerator.prepare(DataLoader(ds, sampler=sampler, batch_size=BATCH)))
     }
+
+
+def mixture_documented() -> dict[str, Any]:
+    sampler = fastshard.MixtureSampler(MIX_SIZES, MIX_WEIGHTS, num_replicas=1, rank=0, seed=4)
+    loader = accelerator.prepare(DataLoader(ds, sampler=sampler, batch_size=BATCH))
+    out = {}
+    for epoch in range(2):
+        seen = [i for batch in loader for i in batch["idx"].tolist()]
+        ranks = gather(seen)
+        out[str(epoch)] = summary(ranks) | mixture_counts(ranks)
+    return {"epochs": out}
+
+
+def length_grouped_documented() -> dict[str, Any]:
+    """A global LengthGroupedBatchSampler that accelerate splits; accelerate's loader sets
+    its epoch through batch_sampler.sampler."""
+    lengths = [(i * 7919) % 299 + 1 for i in range(len(ds))]
+    bs = fastshard.LengthGroupedBatchSampler(lengths, max_tokens=2048, num_replicas=1, rank=0)
+    loader = accelerator.prepare(DataLoader(ds, batch_sampler=bs))
+    return {"epochs": epochs(loader), "len": len(bs), "sampler_epoch": bs.epoch}
 
 
 def misuse(batch_sampler: bool = False) -> dict[str, Any]:
@@ -109,6 +141,8 @@ results: dict[str, Any] = {}
 run("documented", documented, results)
 run("documented_batch_sampler", documented_batch_sampler, results)
 run("weighted_documented", weighted_documented, results)
+run("mixture_documented", mixture_documented, results)
+run("length_grouped_documented", length_grouped_documented, results)
 run("misuse", misuse, results)
 run("misuse_batch_sampler", lambda: misuse(True), results)
 run("dispatch_misuse_stateful_workers", lambda: dispatch_misuse(True, 2), results)

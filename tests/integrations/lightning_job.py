@@ -17,7 +17,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import BATCH, IndexDataset, N, flat, gather, report, run, summary
+from _common import (
+    BATCH,
+    MIX_SIZES,
+    MIX_WEIGHTS,
+    IndexDataset,
+    N,
+    flat,
+    gather,
+    mixture_counts,
+    report,
+    run,
+    summary,
+)
 from torch.utils.data import DataLoader
 
 import fastshard
@@ -140,6 +152,20 @@ def weighted() -> dict[str, Any]:
     return {"epochs": epochs_of(model)}
 
 
+def mixture() -> dict[str, Any]:
+    """DataLoader(sampler=fastshard.MixtureSampler(...)): kept as a DistributedSampler."""
+    model = Recorder(
+        lambda: DataLoader(
+            ds, sampler=fastshard.MixtureSampler(MIX_SIZES, MIX_WEIGHTS, seed=4), batch_size=BATCH
+        )
+    )
+    trainer().fit(model)
+    out = {}
+    for e, s in model.epochs.items():
+        out[str(e)] = {k: v for k, v in s.items() if k != "items"} | mixture_counts([s["items"]])
+    return {"epochs": out}
+
+
 def batch_sampler(use_distributed_sampler: bool) -> dict[str, Any]:
     model = Recorder(
         lambda: DataLoader(
@@ -216,6 +242,7 @@ results: dict[str, Any] = {"flavour": FLAVOUR}
 if FLAVOUR == "lightning":
     run("sampler", natural_sampler, results, barrier=False)
     run("weighted", weighted, results, barrier=False)
+    run("mixture", mixture, results, barrier=False)
     run("batch_sampler", lambda: batch_sampler(True), results, barrier=False)
     run("batch_sampler_no_replace", lambda: batch_sampler(False), results, barrier=False)
     run("resume_stateful", lambda: resume(True), results, barrier=False)
