@@ -17,6 +17,7 @@ from ._distributed import InconsistentRanksError
 from ._frameworks import ReshardedError
 from ._length import LengthGroupedBatchSampler
 from ._mixture import MixtureSampler
+from ._packed import PackedSampler, PackedTokens, collate_rows
 from ._sampler import BatchSampler, DistributedSampler
 from ._threads import get_num_threads, set_num_threads
 from ._warnings import EpochWarning
@@ -29,9 +30,12 @@ __all__ = [
     "InconsistentRanksError",
     "LengthGroupedBatchSampler",
     "MixtureSampler",
+    "PackedSampler",
+    "PackedTokens",
     "ReshardedError",
     "WeightedDistributedSampler",
     "__version__",
+    "collate_rows",
     "get_num_threads",
     "set_num_threads",
 ]

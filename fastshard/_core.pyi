@@ -204,3 +204,67 @@ def length_shard(
     cursor: int,
     pad: bool = True,
 ) -> LengthShard: ...
+
+# Packed rows (csrc/fastshard/packed.hpp)
+PACKED_DOMAIN: int
+
+def scan_packed(
+    lengths: npt.NDArray[np.integer], seq_len: int, best_fit: bool = False, split: bool = False
+) -> tuple[int, int, bool, int, int]: ...
+
+class PackLayout:
+    def __init__(
+        self,
+        lengths: npt.NDArray[np.integer],
+        seq_len: int,
+        split: bool,
+        window: int,
+        min_class_items: int = 0,
+    ) -> None: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def packed_rows(self) -> int: ...
+    @property
+    def full_rows(self) -> int: ...
+    @property
+    def num_windows(self) -> int: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def packed_tokens(self) -> int: ...
+    @property
+    def truncated_tokens(self) -> int: ...
+
+class PackedEpoch:
+    @property
+    def num_rows(self) -> int: ...
+
+def concat_epoch(
+    lengths: npt.NDArray[np.integer],
+    seq_len: int,
+    overlap: bool,
+    window: int,
+    seed: int,
+    epoch: int,
+) -> PackedEpoch: ...
+def best_fit_epoch(layout: PackLayout, seed: int, epoch: int) -> PackedEpoch: ...
+
+class PackedShard:
+    def __len__(self) -> int: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def total_size(self) -> int: ...
+    def position(self, k: int) -> int: ...
+    def row(self, k: int) -> npt.NDArray[np.int64]: ...
+    def global_row(self, g: int) -> npt.NDArray[np.int64]: ...
+
+def packed_shard(
+    epoch: PackedEpoch,
+    num_replicas: int,
+    rank: int,
+    drop_last: bool,
+    cursor: int,
+    pad: bool = True,
+) -> PackedShard: ...

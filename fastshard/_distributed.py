@@ -139,6 +139,7 @@ _KINDS = {
         "WeightedDistributedSampler",
         "MixtureSampler",
         "LengthGroupedBatchSampler",
+        "PackedSampler",
     )
 }
 

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_core, m) {
     register_shard(m);
     register_weighted(m);
     register_length(m);
+    register_packed(m);
 }

@@ -1,0 +1,446 @@
+#include "fastshard/packed.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+#include "fastshard/mix.hpp"
+#include "fastshard/parallel.hpp"
+
+namespace fastshard {
+
+namespace {
+
+__extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
+
+// Calls f with a null pointer of the lengths' element type. (length.cpp has the same dispatch
+// in its anonymous namespace; once branch length-count lands, both can share one header.)
+template <class F>
+decltype(auto) with_type(LengthType type, F&& f) {
+    switch (type) {
+        case LengthType::i8: return f(static_cast<const std::int8_t*>(nullptr));
+        case LengthType::i16: return f(static_cast<const std::int16_t*>(nullptr));
+        case LengthType::i32: return f(static_cast<const std::int32_t*>(nullptr));
+        case LengthType::i64: return f(static_cast<const std::int64_t*>(nullptr));
+        case LengthType::u8: return f(static_cast<const std::uint8_t*>(nullptr));
+        case LengthType::u16: return f(static_cast<const std::uint16_t*>(nullptr));
+        case LengthType::u32: return f(static_cast<const std::uint32_t*>(nullptr));
+        case LengthType::u64: break;
+    }
+    return f(static_cast<const std::uint64_t*>(nullptr));
+}
+
+std::uint64_t length_at(const Lengths& lengths, std::uint64_t i) {
+    return with_type(lengths.type, [&](auto tag) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+        return static_cast<std::uint64_t>(static_cast<const T*>(lengths.data)[i]);  // checked > 0
+    });
+}
+
+// Calls f(position, document, length) for the order's positions [first, last) while f returns
+// true; returns false if f stopped it.
+template <class F>
+bool walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first, std::uint64_t last, F&& f) {
+    constexpr std::uint64_t kBlock = 256;
+    std::uint64_t buf[kBlock];
+    return with_type(lengths.type, [&](auto tag) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+        const T* data = static_cast<const T*>(lengths.data);
+        for (std::uint64_t p0 = first; p0 < last; p0 += kBlock) {
+            const std::size_t len = static_cast<std::size_t>(std::min(kBlock, last - p0));
+            for (std::size_t i = 0; i < len; ++i) buf[i] = p0 + i;
+            perm.apply(buf, len);  // positions -> the epoch's documents
+            for (std::size_t i = 0; i < len; ++i)
+                if (!f(p0 + i, buf[i], static_cast<std::uint64_t>(data[buf[i]]))) return false;
+        }
+        return true;
+    });
+}
+
+constexpr std::uint64_t kScanBlock = 1 << 16;
+
+// Fewest documents per length class: the rule measured for LengthGroupedBatchSampler's
+// stratified windows (branch length-count, bench/RESULTS.md there). A class of c documents sits
+// about n / (2 sqrt(c)) positions from its quota at a window boundary, and a window reads its own
+// range of the order plus the largest such deviation on either side; windows^2 / 32 keeps that
+// to a few windows. Small epochs keep every exact length.
+std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
+    if (windows <= (std::uint64_t{1} << 24) / n) return 1;
+    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 32;
+    return std::max<std::uint64_t>(1, std::min(by_windows, n / 32));
+}
+
+// Best-fit decreasing over sizes given in decreasing order: each goes into the open row with the
+// least room that still holds it (ties: the oldest row), else opens a row. place(i, row).
+class BestFit {
+  public:
+    explicit BestFit(std::uint64_t seq_len) : seq_len_(seq_len) {}
+    std::uint64_t add(std::uint64_t size) {
+        const auto it = open_.lower_bound({size, 0});
+        std::uint64_t row;
+        std::uint64_t room;
+        if (it == open_.end()) {
+            row = rows_++;
+            room = seq_len_ - size;
+        } else {
+            row = it->second;
+            room = it->first - size;
+            open_.erase(it);
+        }
+        if (room > 0) open_.insert({room, row});
+        return row;
+    }
+    std::uint64_t rows() const noexcept { return rows_; }
+
+  private:
+    std::uint64_t seq_len_;
+    std::uint64_t rows_ = 0;
+    std::set<std::pair<std::uint64_t, std::uint64_t>> open_;
+};
+
+struct WindowCache {
+    std::uint64_t window = ~std::uint64_t{0};
+    std::vector<std::uint64_t> docs, starts;
+    std::unique_ptr<Feistel> order;
+};
+
+}  // namespace
+
+PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads) {
+    if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
+    const std::uint64_t n = lengths.n;
+    const std::uint64_t blocks = (n + kScanBlock - 1) / kScanBlock;
+    struct Part {
+        std::int64_t first = -1;
+        u128 total = 0;
+        std::uint64_t full = 0, truncated = 0;
+        std::vector<std::uint64_t> hist;
+    };
+    std::vector<Part> parts(threads == 0 ? default_threads() : threads);
+    const unsigned used = with_type(lengths.type, [&](auto tag) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+        const T* data = static_cast<const T*>(lengths.data);
+        return parallel_for(blocks, static_cast<unsigned>(parts.size()), 4,
+                            [&](unsigned part, std::uint64_t b0, std::uint64_t count) {
+                                Part p;
+                                if (best_fit) p.hist.assign(static_cast<std::size_t>(seq_len) + 1, 0);
+                                const std::uint64_t end = std::min(n, (b0 + count) * kScanBlock);
+                                for (std::uint64_t k = b0 * kScanBlock; k < end; ++k) {
+                                    const T v = data[k];
+                                    if (!(v > 0)) {
+                                        if (p.first < 0) p.first = static_cast<std::int64_t>(k);
+                                        continue;
+                                    }
+                                    const auto u = static_cast<std::uint64_t>(v);
+                                    p.total += u;
+                                    if (!best_fit) continue;
+                                    if (u <= seq_len) {
+                                        ++p.hist[static_cast<std::size_t>(u)];
+                                    } else if (split) {
+                                        const std::uint64_t full = (u - 1) / seq_len;
+                                        p.full += full;
+                                        ++p.hist[static_cast<std::size_t>(u - full * seq_len)];
+                                    } else {
+                                        p.truncated += u - seq_len;
+                                        ++p.hist[static_cast<std::size_t>(seq_len)];
+                                    }
+                                }
+                                parts[part] = std::move(p);
+                            });
+    });
+    PackedScan s;
+    u128 total = 0;
+    if (best_fit) s.histogram.assign(static_cast<std::size_t>(seq_len) + 1, 0);
+    for (unsigned i = 0; i < used; ++i) {
+        const Part& p = parts[i];
+        if (p.first >= 0 && (s.first_nonpositive < 0 || p.first < s.first_nonpositive)) s.first_nonpositive = p.first;
+        total += p.total;
+        s.full_pieces += p.full;
+        s.truncated_tokens += p.truncated;
+        for (std::size_t e = 0; e < p.hist.size(); ++e) s.histogram[e] += p.hist[e];
+    }
+    s.total_overflow = total > static_cast<u128>(~std::uint64_t{0});
+    s.total = s.total_overflow ? ~std::uint64_t{0} : static_cast<std::uint64_t>(total);
+    return s;
+}
+
+// -- per-window sums over the order -----------------------------------------------------------
+
+OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t window, std::uint64_t seq_len,
+                     Weight weight, unsigned threads)
+    : lengths_(&lengths), perm_(&perm), window_(window), seq_len_(seq_len), kind_(weight) {
+    if (window == 0) throw std::invalid_argument("window must be >= 1");
+    const std::uint64_t n = lengths.n;
+    const std::uint64_t windows = (n + window - 1) / window;
+    prefix_.assign(static_cast<std::size_t>(windows) + 1, 0);
+    parallel_for(windows, threads, 16, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+        for (std::uint64_t w = w0; w < w0 + count; ++w) {
+            std::uint64_t sum = 0;
+            walk_order(lengths, perm, w * window, std::min(n, (w + 1) * window),
+                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) {
+                           sum += this->weight(v);
+                           return true;
+                       });
+            prefix_[static_cast<std::size_t>(w) + 1] = sum;
+        }
+    });
+    for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
+}
+
+std::uint64_t OrderSums::weight(std::uint64_t length) const noexcept {
+    if (kind_ == Weight::tokens) return length;
+    return length > seq_len_ ? (length - 1) / seq_len_ : 0;
+}
+
+template <class F>
+void OrderSums::walk_from(std::uint64_t u, F&& f) const {
+    // The window holding unit u: prefix[w] <= u < prefix[w + 1] (windows of weight 0 skipped).
+    const auto it = std::upper_bound(prefix_.begin(), prefix_.end(), u);
+    const auto w = static_cast<std::uint64_t>(it - prefix_.begin()) - 1;
+    std::uint64_t c = prefix_[static_cast<std::size_t>(w)];
+    walk_order(*lengths_, *perm_, w * window_, lengths_->n, [&](std::uint64_t, std::uint64_t doc, std::uint64_t v) {
+        const std::uint64_t wt = weight(v);
+        const std::uint64_t first = c;
+        c += wt;
+        if (c <= u) return true;  // before unit u (or of weight 0)
+        return static_cast<bool>(f(doc, first, wt));
+    });
+}
+
+// -- concat -----------------------------------------------------------------------------------
+
+ConcatEpoch::ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window,
+                         std::uint64_t seed, std::uint64_t epoch, unsigned threads)
+    : lengths_(lengths),
+      seq_len_(seq_len),
+      overlap_(overlap),
+      perm_(lengths.n == 0 ? 1 : lengths.n, derive_key(kPackedDomain, lengths.n, seed, epoch)),
+      sums_(lengths_, perm_, window, seq_len, OrderSums::Weight::tokens, threads),
+      rows_(0),
+      row_perm_(1, 0) {
+    if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
+    if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
+    const std::uint64_t t = sums_.total();
+    rows_ = overlap ? (t > seq_len ? (t - 1) / seq_len : 0) : t / seq_len;
+    if (rows_ == 0) throw std::invalid_argument("the documents hold fewer tokens than one row");
+    row_perm_ = Feistel(rows_, derive_key(kPackedDomain + 1, rows_, seed, epoch));
+}
+
+void ConcatEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>&) const {
+    const std::uint64_t i = row_perm_(g);
+    const std::uint64_t t0 = i * seq_len_;
+    const std::uint64_t t1 = t0 + seq_len_ + (overlap_ ? 1 : 0);
+    sums_.walk_from(t0, [&](std::uint64_t doc, std::uint64_t first, std::uint64_t len) {
+        const std::uint64_t a = std::max(t0, first), b = std::min(t1, first + len);
+        out.insert(out.end(), {doc, a - first, b - first});
+        return first + len < t1;
+    });
+}
+
+// -- best_fit ---------------------------------------------------------------------------------
+
+PackLayout::PackLayout(const Lengths& lengths, std::uint64_t seq_len, bool split, std::uint64_t window,
+                       unsigned threads, std::uint64_t min_class_items)
+    : lengths_(lengths), seq_len_(seq_len), split_(split), window_(window) {
+    if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
+    if (window == 0) throw std::invalid_argument("window must be >= 1");
+    const PackedScan scan = scan_packed(lengths, seq_len, true, split, threads);
+    if (scan.first_nonpositive >= 0) throw std::invalid_argument("lengths must be >= 1");
+    full_rows_ = scan.full_pieces;
+    truncated_tokens_ = scan.truncated_tokens;
+    const std::uint64_t n = lengths.n;
+    const std::uint64_t windows = (n - 1) / window + 1;
+    // Classes: occupied packing lengths in increasing order, merged upwards until each holds at
+    // least min_items documents; a short last class joins the one before it.
+    const std::uint64_t min_items = min_class_items != 0 ? min_class_items : class_min_items(n, windows);
+    e_to_class_.assign(static_cast<std::size_t>(seq_len) + 1, 0);
+    std::uint64_t open = 0;
+    for (std::uint64_t e = 1; e <= seq_len; ++e) {
+        const std::uint64_t c = scan.histogram[static_cast<std::size_t>(e)];
+        packed_tokens_ += c * e;
+        if (c == 0) {
+            e_to_class_[static_cast<std::size_t>(e)] = static_cast<std::uint32_t>(class_count_.size());
+            continue;
+        }
+        if (class_count_.empty() || open >= min_items) {
+            class_count_.push_back(0);
+            class_upper_.push_back(0);
+        }
+        e_to_class_[static_cast<std::size_t>(e)] = static_cast<std::uint32_t>(class_count_.size() - 1);
+        class_count_.back() += c;
+        class_upper_.back() = e;
+        open = class_count_.back();
+    }
+    if (class_count_.size() > 1 && class_count_.back() < min_items) {
+        const auto last = static_cast<std::uint32_t>(class_count_.size() - 1);
+        for (auto& c : e_to_class_)
+            if (c >= last) c = last - 1;
+        class_count_[last - 1] += class_count_[last];
+        class_upper_[last - 1] = class_upper_[last];
+        class_count_.pop_back();
+        class_upper_.pop_back();
+    }
+    // Each window's row count from its class quotas alone: the same in every epoch.
+    offsets_.assign(static_cast<std::size_t>(windows) + 1, 0);
+    const std::uint32_t classes = num_classes();
+    parallel_for(windows, threads, 4, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+        for (std::uint64_t w = w0; w < w0 + count; ++w) {
+            BestFit fit(seq_len);
+            for (std::uint32_t b = classes; b-- > 0;) {
+                const std::uint64_t q = quota_before(w + 1, b) - quota_before(w, b);
+                for (std::uint64_t k = 0; k < q; ++k) fit.add(class_upper_[b]);
+            }
+            offsets_[static_cast<std::size_t>(w) + 1] = fit.rows();
+        }
+    });
+    for (std::size_t w = 1; w < offsets_.size(); ++w) offsets_[w] += offsets_[w - 1];
+}
+
+std::uint64_t PackLayout::quota_before(std::uint64_t w, std::uint32_t b) const noexcept {
+    return static_cast<std::uint64_t>(static_cast<u128>(class_count_[b]) * window_start(w) / lengths_.n);
+}
+
+std::uint64_t PackLayout::window_of(std::uint64_t p) const noexcept {
+    // The last window whose offset is <= p (a window of fewer documents may have no row at all).
+    const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), p);
+    return static_cast<std::uint64_t>(it - offsets_.begin()) - 1;
+}
+
+BestFitEpoch::BestFitEpoch(std::shared_ptr<const PackLayout> layout, std::uint64_t seed, std::uint64_t epoch,
+                           unsigned threads)
+    : layout_(std::move(layout)),
+      seed_(seed),
+      epoch_(epoch),
+      perm_(layout_->lengths().n, derive_key(kPackedDomain, layout_->lengths().n, seed, epoch)) {
+    // One scan of the epoch's order: each class's count in every window's range of positions.
+    const PackLayout& L = *layout_;
+    const std::uint64_t windows = L.num_windows();
+    const std::uint32_t classes = L.num_classes();
+    prefix_.assign(static_cast<std::size_t>((windows + 1) * classes), 0);
+    parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+        for (std::uint64_t w = w0; w < w0 + count; ++w) {
+            std::uint64_t* row = prefix_.data() + (w + 1) * classes;
+            walk_order(L.lengths(), perm_, L.window_start(w), L.window_start(w + 1),
+                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) {
+                           ++row[L.class_of(v)];
+                           return true;
+                       });
+        }
+    });
+    for (std::uint64_t w = 1; w <= windows; ++w)
+        for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
+    if (L.full_rows() != 0)
+        full_ = std::make_unique<OrderSums>(L.lengths(), perm_, L.window_size(), L.seq_len(),
+                                            OrderSums::Weight::full_pieces, threads);
+}
+
+void BestFitEpoch::gather(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint32_t>& cls) const {
+    const PackLayout& L = *layout_;
+    const std::uint64_t windows = L.num_windows();
+    const std::uint32_t classes = L.num_classes();
+    // Class b's documents of window w are those of class rank [lo[b], hi[b]) in the epoch's
+    // order; the windows of the order holding them come from binary searches down the prefix.
+    std::vector<std::uint64_t> lo(classes), hi(classes);
+    std::uint64_t first = windows, last = 0;
+    const auto range_of = [&](std::uint32_t b, std::uint64_t rank) {
+        std::uint64_t a = 0, z = windows;  // the last k with prefix(k) <= rank
+        while (a < z) {
+            const std::uint64_t mid = a + (z - a + 1) / 2;
+            if (prefix_[mid * classes + b] <= rank) a = mid;
+            else z = mid - 1;
+        }
+        return a;
+    };
+    for (std::uint32_t b = 0; b < classes; ++b) {
+        lo[b] = L.quota_before(w, b);
+        hi[b] = L.quota_before(w + 1, b);
+        if (hi[b] == lo[b]) continue;
+        first = std::min(first, range_of(b, lo[b]));
+        last = std::max(last, range_of(b, hi[b] - 1));
+    }
+    docs.clear();
+    cls.clear();
+    if (first > last) return;
+    std::vector<std::uint64_t> rank(prefix_.begin() + static_cast<std::ptrdiff_t>(first * classes),
+                                    prefix_.begin() + static_cast<std::ptrdiff_t>((first + 1) * classes));
+    walk_order(L.lengths(), perm_, L.window_start(first), L.window_start(last + 1),
+               [&](std::uint64_t, std::uint64_t doc, std::uint64_t v) {
+                   const std::uint32_t b = L.class_of(v);
+                   const std::uint64_t r = rank[b]++;
+                   if (r >= lo[b] && r < hi[b]) {
+                       docs.push_back(doc);
+                       cls.push_back(b);
+                   }
+                   return true;
+               });
+}
+
+void BestFitEpoch::build(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint64_t>& starts) const {
+    const PackLayout& L = *layout_;
+    std::vector<std::uint64_t> found;
+    std::vector<std::uint32_t> cls;
+    gather(w, found, cls);
+    // Decreasing class bound, ties in the order's position order: what the layout counted.
+    std::vector<std::uint32_t> idx(found.size());
+    std::iota(idx.begin(), idx.end(), 0U);
+    std::stable_sort(idx.begin(), idx.end(), [&](std::uint32_t a, std::uint32_t b) { return cls[a] > cls[b]; });
+    BestFit fit(L.seq_len());
+    std::vector<std::uint64_t> row_of(found.size());
+    for (std::size_t k = 0; k < idx.size(); ++k) row_of[k] = fit.add(L.class_upper(cls[idx[k]]));
+    const std::uint64_t rows = fit.rows();
+    if (rows != L.window_offset(w + 1) - L.window_offset(w))
+        throw std::logic_error(
+            "best_fit window: row count differs from the layout's count (were the lengths modified while "
+            "the sampler was in use?)");
+    starts.assign(static_cast<std::size_t>(rows) + 1, 0);
+    for (const auto r : row_of) ++starts[static_cast<std::size_t>(r) + 1];
+    for (std::size_t r = 1; r < starts.size(); ++r) starts[r] += starts[r - 1];
+    docs.assign(found.size(), 0);
+    std::vector<std::uint64_t> fill(starts.begin(), starts.end() - 1);
+    for (std::size_t k = 0; k < idx.size(); ++k) docs[static_cast<std::size_t>(fill[row_of[k]]++)] = found[idx[k]];
+}
+
+void BestFitEpoch::piece(std::uint64_t doc, std::uint64_t length, Segments& out) const {
+    const std::uint64_t s = layout_->seq_len();
+    if (length <= s) out.insert(out.end(), {doc, 0, length});
+    else if (layout_->split()) out.insert(out.end(), {doc, (length - 1) / s * s, length});
+    else out.insert(out.end(), {doc, 0, s});
+}
+
+void BestFitEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>& cache) const {
+    const PackLayout& L = *layout_;
+    const std::uint64_t total = L.num_rows(), full = L.full_rows();
+    // Full pieces interleaved evenly: c(g) = floor(g F / R) of them lie before position g.
+    const auto c = [&](std::uint64_t x) { return static_cast<std::uint64_t>(static_cast<u128>(x) * full / total); };
+    const std::uint64_t before = c(g);
+    if (full != 0 && c(g + 1) > before) {
+        const std::uint64_t s = L.seq_len();
+        full_->walk_from(before, [&](std::uint64_t doc, std::uint64_t first, std::uint64_t) {
+            const std::uint64_t j = before - first;
+            out.insert(out.end(), {doc, j * s, (j + 1) * s});
+            return false;
+        });
+        return;
+    }
+    const std::uint64_t p = g - before;
+    const std::uint64_t w = L.window_of(p);
+    if (!cache) cache = std::make_shared<WindowCache>();
+    auto& wc = *static_cast<WindowCache*>(cache.get());
+    if (wc.window != w) {
+        wc.window = ~std::uint64_t{0};  // invalid until the build completes
+        build(w, wc.docs, wc.starts);
+        const std::uint64_t rows = wc.starts.size() - 1;
+        wc.order = std::make_unique<Feistel>(rows == 0 ? 1 : rows, derive_key(kPackedDomain + 2, w, seed_, epoch_));
+        wc.window = w;
+    }
+    const std::uint64_t b = (*wc.order)(p - L.window_offset(w));
+    for (std::uint64_t k = wc.starts[b]; k < wc.starts[b + 1]; ++k) {
+        const std::uint64_t doc = wc.docs[static_cast<std::size_t>(k)];
+        piece(doc, length_at(L.lengths(), doc), out);
+    }
+}
+
+}  // namespace fastshard

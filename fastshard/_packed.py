@@ -1,0 +1,474 @@
+"""Packed sequences: the unit of the epoch's global sequence is a row of ``seq_len`` tokens,
+described by the (document, start, stop) token segments that fill it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from . import _core, _distributed, _validate
+from ._length import _as_lengths
+from ._sampler import _ShardSampler
+
+MODES = ("concat", "best_fit")
+LONG_DOCS = ("truncate", "split")
+
+# concat: documents per window of the order whose token count before it is kept (one uint64).
+# A row is found by a binary search over the windows and a walk inside one, so the walk costs
+# about window / 2 feistel evaluations and length reads per row while the sums cost 8 bytes per
+# window per rank. Measured (bench/packing.py window, bench/RESULTS.md): 256 documents walk in
+# ~3 us per row (far below reading a row's tokens), and 10^9 documents cost 31 MiB of sums.
+CONCAT_WINDOW = 256
+# best_fit: documents per packing window. Larger windows pack tighter (more documents to choose
+# from, finer length classes) and cost more per window build (the window's documents are
+# gathered, sorted and packed when a rank first reads one of its rows, ~24 bytes per document).
+# Measured (bench/packing.py window): on 10^6 lognormal SFT lengths, seq_len 4096, efficiency
+# 0.9874 / 0.9992 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
+# 0.15 / 0.17 / 0.25 / 0.58 s.
+BEST_FIT_WINDOW = 2**16
+# best_fit keeps one count per packing length and class: seq_len is bounded to keep that small.
+MAX_BEST_FIT_SEQ_LEN = 2**22
+_MAX_ROW_TOKENS = 2**62
+
+
+class _RowIterator(Iterator[np.ndarray]):
+    """A pass over a rank's rows; ``position`` is how many it has yielded."""
+
+    def __init__(self, shard: _core.PackedShard) -> None:
+        self._shard = shard
+        self.position = 0
+
+    def __iter__(self) -> _RowIterator:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if self.position >= len(self._shard):
+            raise StopIteration
+        row = self._shard.row(self.position)
+        self.position += 1
+        return row
+
+    def __length_hint__(self) -> int:
+        return len(self._shard) - self.position
+
+
+class PackedSampler(_ShardSampler):
+    """Rows of ``seq_len`` tokens packed from variable-length documents, computed on the fly,
+    for distributed training at any size. Use as
+    ``DataLoader(PackedTokens(...), sampler=sampler, batch_size=B, collate_fn=collate_rows)``.
+
+    Each element is one row: an int64 array of shape ``(segments, 3)`` whose lines are
+    ``(document, start, stop)``, the token range ``[start, stop)`` of document ``document``;
+    the row is the segments' tokens in that order. :class:`PackedTokens` reads it.
+
+    ``mode="concat"`` (pretraining): the epoch's documents in a fresh keyed order, concatenated
+    and cut into rows of exactly ``seq_len`` tokens (``overlap=True``: ``seq_len + 1`` tokens,
+    consecutive rows sharing one token, Megatron-LM's layout). The last partial row is dropped
+    (Megatron's choice): every other token of the epoch lies in exactly one row. The rows are
+    then shuffled by a keyed permutation. Rows per epoch: ``total_tokens // seq_len``
+    (``(total_tokens - 1) // seq_len`` with overlap), the same every epoch.
+
+    ``mode="best_fit"`` (SFT): whole documents packed best-fit decreasing into rows of at most
+    ``seq_len`` tokens, within windows of ``window`` documents of the epoch's order; a row's
+    rest is padding. The row count is the same every epoch: windows are stratified by length
+    class (each window gets a fixed quota of each class, filled from the epoch's order) and
+    packed on the class bounds, so the count depends on the quotas alone (docs/packing.md).
+    A document longer than ``seq_len``: ``long_docs="truncate"`` keeps its first ``seq_len``
+    tokens; ``"split"`` cuts it into full rows of ``seq_len`` tokens and a last piece that is
+    packed like a document.
+
+    Ranks take rows ``r, r + W, ...`` of the epoch's global row sequence (the same for any
+    number of ranks); the plan, padding, ``drop_last``, ``pad``, checkpoints and resume on
+    another number of ranks are those of every fastshard sampler, in rows.
+
+    Cost: beyond the lengths (read in place, never copied), one uint64 per ``window``
+    documents per rank; once per epoch one threaded scan of the epoch's order (a random read
+    of every length); best_fit also keeps a (windows x classes) count table per epoch and the
+    window a rank reads (about 24 bytes per document of it).
+
+    Parameters
+    ----------
+    lengths : array-like of int
+        The n >= 1 document lengths in tokens, each >= 1: a 1-D NumPy array of any integer
+        dtype (``np.memmap`` included), a CPU tensor, or a list. Used in place when it is a
+        C-contiguous native-endian integer array; do not modify it while the sampler is used.
+    seq_len : int
+        Tokens per row (>= 1).
+    mode : {"concat", "best_fit"}
+    overlap : bool
+        concat only: rows of ``seq_len + 1`` tokens overlapping by one (inputs and shifted
+        labels from one row, as Megatron-LM).
+    long_docs : {"truncate", "split"}
+        best_fit only: what happens to a document longer than ``seq_len``.
+    window : int, optional
+        Documents per window of the order: default 256 for concat, 2**16 for best_fit
+        (chosen by measurement, docs/packing.md).
+    num_replicas, rank, seed, drop_last, pad, check_consistency, auto_epoch
+        As for :class:`LengthGroupedBatchSampler`, in rows.
+
+    Notes
+    -----
+    ``len(sampler)`` is this rank's number of rows per epoch; ``state_dict(consumed)`` counts
+    rows. ``sampler[k]`` is this rank's k-th row; ``indices()`` is not available (the elements
+    are rows, not indices).
+    """
+
+    def __init__(
+        self,
+        lengths: Any,
+        seq_len: int,
+        *,
+        mode: str = "concat",
+        overlap: bool = False,
+        long_docs: str = "truncate",
+        window: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int | None = 0,
+        drop_last: bool = False,
+        pad: bool = True,
+        check_consistency: bool = True,
+        auto_epoch: bool = False,
+    ) -> None:
+        arr = _as_lengths(lengths)
+        if not isinstance(mode, str) or mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        if not isinstance(long_docs, str) or long_docs not in LONG_DOCS:
+            raise ValueError(
+                f"long_docs must be one of {', '.join(map(repr, LONG_DOCS))}, got {long_docs!r}"
+            )
+        best_fit = mode == "best_fit"
+        high = MAX_BEST_FIT_SEQ_LEN if best_fit else _MAX_ROW_TOKENS
+        self.seq_len = _validate.in_range(seq_len, "seq_len", 1, high)
+        self.overlap = _validate.flag(overlap, "overlap")
+        if best_fit and self.overlap:
+            raise ValueError('overlap applies to mode="concat" only')
+        if window is not None:
+            window = _validate.in_range(window, "window", 1, _validate.MAX_LENGTH)
+        self.mode = mode
+        self.long_docs = long_docs
+        self.window = window or (BEST_FIT_WINDOW if best_fit else CONCAT_WINDOW)
+        first_bad, total, overflow, _, _ = _core.scan_packed(arr, 1)
+        if first_bad >= 0:
+            raise ValueError(
+                f"lengths[{first_bad}] = {arr[first_bad]}: every document must hold at least one "
+                "token (drop empty documents before packing, so that every document appears "
+                "in the epoch's rows)"
+            )
+        if overflow or total > _validate.MAX_LENGTH:
+            raise ValueError(f"the lengths sum to more than 2**63 - 1 tokens ({total})")
+        self.total_tokens = int(total)
+        self.lengths = arr
+        self._n = len(arr)
+        self.dataset = range(self._n)
+        self.lengths_checksum = int(_core.scan_lengths(arr)[3])
+        self._layout: Any = None
+        if best_fit:
+            self._layout = _core.PackLayout(arr, self.seq_len, long_docs == "split", self.window)
+            self._num_rows = int(self._layout.num_rows)
+        else:
+            rows = (
+                (self.total_tokens - 1) // self.seq_len
+                if self.overlap
+                else self.total_tokens // self.seq_len
+            )
+            if rows == 0:
+                raise ValueError(
+                    f"the documents hold {self.total_tokens} tokens, fewer than one row of "
+                    f"seq_len={self.seq_len}{' + 1' if self.overlap else ''}"
+                )
+            self._num_rows = rows
+        self.shuffle = True
+        self.pad = _validate.flag(pad, "pad")
+        self._set_shared_arguments(
+            num_replicas, rank, seed, drop_last, check_consistency, auto_epoch
+        )
+        self._epoch_rows: Any = None  # (epoch, _core.PackedEpoch) of the latest epoch used
+        self._start_pass()
+
+    _FROZEN = _ShardSampler._FROZEN | {"seq_len", "mode", "overlap", "long_docs"}
+
+    # -- the epoch's rows -------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        """The epoch's number of rows over all ranks (before padding or drop_last): fixed by
+        the lengths and the configuration, the same every epoch."""
+        return self._num_rows
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens per row slot of an epoch (1 - padding), from the lengths alone."""
+        if self._layout is None:
+            return 1.0
+        real = int(self._layout.packed_tokens) + int(self._layout.full_rows) * self.seq_len
+        return real / (self._num_rows * self.seq_len)
+
+    @property
+    def truncated_tokens(self) -> int:
+        """Tokens beyond ``seq_len`` dropped from documents by ``long_docs="truncate"``."""
+        return 0 if self._layout is None else int(self._layout.truncated_tokens)
+
+    def _rows(self) -> _core.PackedEpoch:
+        cached = self._epoch_rows
+        if cached is None or cached[0] != self.epoch:
+            seed, epoch = self.seed % 2**64, self.epoch % 2**64
+            if self._layout is not None:
+                rows = _core.best_fit_epoch(self._layout, seed, epoch)
+            else:
+                rows = _core.concat_epoch(
+                    self.lengths, self.seq_len, self.overlap, self.window, seed, epoch
+                )
+            cached = self._epoch_rows = (self.epoch, rows)
+        result: _core.PackedEpoch = cached[1]
+        return result
+
+    def _plan_args(self) -> tuple[int, bool, bool]:
+        return self._num_rows, self.drop_last, self.pad
+
+    def _make_shard(self, cursor: int) -> _core.PackedShard:  # type: ignore[override]
+        return _core.packed_shard(
+            self._rows(), self.num_replicas, self.rank, self.drop_last, cursor, self.pad
+        )
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "n": self._n,
+            "seed": self.seed % 2**64,
+            "seq_len": self.seq_len,
+            "mode": self.mode,
+            "overlap": self.overlap,
+            "long_docs": self.long_docs,
+            "window": self.window,
+            "drop_last": self.drop_last,
+            "pad": self.pad,
+            "lengths_checksum": self.lengths_checksum,
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_epoch_rows"] = None  # compiled objects: rebuilt after unpickling
+        state["_layout"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.mode == "best_fit":
+            self.__dict__["_layout"] = _core.PackLayout(
+                self.lengths, self.seq_len, self.long_docs == "split", self.window
+            )
+
+    # -- access -----------------------------------------------------------------------------
+    def _packed_shard(self) -> _core.PackedShard:
+        return cast(_core.PackedShard, self._current())
+
+    def __iter__(self) -> Iterator[np.ndarray]:  # type: ignore[override]
+        _distributed.check(self, self._begin_iteration())
+        it = _RowIterator(self._packed_shard())
+        self._iterator = it
+        return it
+
+    def __getitem__(self, k: int) -> np.ndarray:  # type: ignore[override]
+        """This rank's k-th row of the epoch (negative k counts from the end)."""
+        k = _validate.integer(k, "index")
+        shard = self._packed_shard()
+        n = len(shard)
+        if not -n <= k < n:
+            raise IndexError(f"index {k} is out of range for a shard of {n} rows")
+        return shard.row(k % n)
+
+    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Not available: this sampler yields rows (iterate it, or ``sampler[k]``)."""
+        raise TypeError("PackedSampler yields rows, not indices: iterate it or use sampler[k]")
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint (no rank in it), at row granularity: ``consumed``
+        is how many of this pass's rows the training loop consumed on this rank (default:
+        how many the latest iterator yielded; pass it when the DataLoader prefetches)."""
+        return super().state_dict(consumed)
+
+    def __repr__(self) -> str:
+        extra = (
+            f"overlap={self.overlap}" if self.mode == "concat" else f"long_docs={self.long_docs!r}"
+        )
+        return (
+            f"{type(self).__name__}(n={self._n}, seq_len={self.seq_len}, mode={self.mode!r}, "
+            f"{extra}, window={self.window}, num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"seed={self.seed}, epoch={self.epoch}, drop_last={self.drop_last}, pad={self.pad})"
+        )
+
+
+# -- reading rows ---------------------------------------------------------------------------
+def _open(source: Any, dtype: Any, name: str) -> np.ndarray:
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if path.endswith(".npy"):
+            return cast(np.ndarray, np.load(path, mmap_mode="r"))
+        return np.memmap(path, dtype=dtype, mode="r")
+    arr = _validate.host_array(source, name, "integers")
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape} {arr.dtype}")
+    return arr
+
+
+class PackedTokens(Dataset[dict[str, torch.Tensor]]):
+    """The rows of a :class:`PackedSampler` read from a flat token array.
+
+    ``dataset[row]`` for a row spec (the ``(segments, 3)`` array the sampler yields) returns
+
+    - ``input_ids``: int64 ``[seq_len]``, the segments' tokens, then ``pad_id`` (best_fit);
+    - ``labels``: int64 ``[seq_len]``; ``-100`` at padding and at the first token of every
+      segment, so no token is predicted across a document boundary (the model shifts labels
+      itself, as transformers' models do). With ``overlap`` (rows of ``seq_len + 1`` tokens):
+      the next tokens, ``-100`` where the next token starts another segment;
+    - ``position_ids``: int64 ``[seq_len]``, restarting at 0 at every segment start (a document
+      start, or the row's start for a document continued from the row before);
+    - ``cu_seqlens``: int32 ``[segments + 1]``, the segments' boundaries (padding, if any, is
+      the last segment), as flash-attention's varlen kernels take them.
+
+    Parameters
+    ----------
+    tokens : array or path
+        The flat token array (``np.memmap`` of a ``.bin`` file, or its path with ``dtype``;
+        a path is reopened in each process instead of being pickled to DataLoader workers).
+    offsets : array or path
+        n + 1 non-decreasing offsets: document d is ``tokens[offsets[d]:offsets[d + 1]]``.
+    seq_len : int
+        The sampler's ``seq_len``.
+    overlap : bool
+        The sampler's ``overlap``.
+    pad_id : int
+        The token of best_fit padding.
+    lengths : array, optional
+        The sampler's lengths: checked against ``offsets`` (one pass, in chunks).
+    """
+
+    def __init__(
+        self,
+        tokens: Any,
+        offsets: Any,
+        seq_len: int,
+        *,
+        overlap: bool = False,
+        pad_id: int = 0,
+        dtype: Any = np.uint16,
+        lengths: Any = None,
+    ) -> None:
+        self.seq_len = _validate.in_range(seq_len, "seq_len", 1, _MAX_ROW_TOKENS)
+        self.overlap = _validate.flag(overlap, "overlap")
+        self.pad_id = _validate.integer(pad_id, "pad_id")
+        self._sources = (tokens, offsets, dtype)
+        self._tokens: np.ndarray | None = None
+        self._offsets: np.ndarray | None = None
+        toks, offs = self._arrays()
+        if len(offs) < 2:
+            raise ValueError("offsets must hold n + 1 >= 2 values")
+        if int(offs[0]) < 0 or int(offs[-1]) > len(toks):
+            raise ValueError(
+                f"offsets must lie in [0, {len(toks)}] (the token count), got "
+                f"[{int(offs[0])}, {int(offs[-1])}]"
+            )
+        if lengths is not None:
+            lens = _as_lengths(lengths)
+            if len(lens) != len(offs) - 1:
+                raise ValueError(
+                    f"lengths has {len(lens)} documents, offsets {len(offs) - 1} (n + 1 offsets)"
+                )
+            step = 1 << 22
+            for a in range(0, len(lens), step):
+                b = min(a + step, len(lens))
+                diff = np.diff(np.asarray(offs[a : b + 1], dtype=np.int64))
+                bad = np.flatnonzero(diff != lens[a:b])
+                if bad.size:
+                    d = a + int(bad[0])
+                    raise ValueError(
+                        f"lengths[{d}] = {int(lens[d])} does not match offsets: document {d} "
+                        f"holds offsets[{d + 1}] - offsets[{d}] = {int(diff[bad[0]])} tokens"
+                    )
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._tokens is None or self._offsets is None:
+            tokens, offsets, dtype = self._sources
+            self._tokens = _open(tokens, dtype, "tokens")
+            self._offsets = _open(offsets, np.int64, "offsets")
+        return self._tokens, self._offsets
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if isinstance(self._sources[0], (str, os.PathLike)):
+            state["_tokens"] = None
+        if isinstance(self._sources[1], (str, os.PathLike)):
+            state["_offsets"] = None
+        return state
+
+    def __getitem__(self, row: Any) -> dict[str, torch.Tensor]:
+        toks, offs = self._arrays()
+        spec = np.asarray(row, dtype=np.int64).reshape(-1, 3)
+        width = self.seq_len + (1 if self.overlap else 0)
+        parts, sizes = [], []
+        for doc, start, stop in spec.tolist():
+            if not 0 <= doc < len(offs) - 1:
+                raise IndexError(f"document {doc} is out of range for {len(offs) - 1} documents")
+            base, end = int(offs[doc]), int(offs[doc + 1])
+            if not 0 <= start < stop <= end - base:
+                raise ValueError(
+                    f"segment ({doc}, {start}, {stop}) lies outside document {doc} of "
+                    f"{end - base} tokens: do the sampler's lengths match the offsets?"
+                )
+            parts.append(np.asarray(toks[base + start : base + stop], dtype=np.int64))
+            sizes.append(stop - start)
+        used = sum(sizes)
+        if used > width:
+            raise ValueError(f"the row holds {used} tokens, more than {width}")
+        if used < width:
+            parts.append(np.full(width - used, self.pad_id, dtype=np.int64))
+        ids = np.concatenate(parts) if parts else np.full(width, self.pad_id, np.int64)
+        bounds = np.zeros(len(sizes) + 1 + (used < width), dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1 : len(sizes) + 1])
+        if used < width:
+            bounds[-1] = width
+        starts = np.zeros(width, dtype=np.int64)
+        starts[bounds[:-1]] = 1
+        seg = np.cumsum(starts) - 1  # segment of each token
+        position = np.arange(width, dtype=np.int64) - bounds[seg]
+        if self.overlap:
+            # width = seq_len + 1: inputs are the first seq_len, labels the last seq_len.
+            labels = ids[1:].copy()
+            labels[starts[1:] == 1] = -100
+            labels[np.arange(1, width) >= used] = -100
+            ids, position = ids[:-1], position[:-1]
+            cu = np.minimum(bounds, self.seq_len)
+            cu = np.concatenate([cu[:1], cu[1:][np.diff(cu) > 0]])
+        else:
+            labels = ids.copy()
+            labels[starts == 1] = -100
+            labels[used:] = -100
+            cu = bounds
+        return {
+            "input_ids": torch.from_numpy(ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position),
+            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+        }
+
+
+def collate_rows(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """A batch of :class:`PackedTokens` rows: ``input_ids``, ``labels``, ``position_ids``
+    stacked to ``[B, seq_len]``; ``cu_seqlens`` (int32) the segment boundaries of the batch
+    flattened to one sequence of ``B * seq_len`` tokens (what flash-attention's varlen
+    kernels and transformers' flattening collator use), and ``max_seqlen``."""
+    out: dict[str, Any] = {
+        key: torch.stack([it[key] for it in items])
+        for key in ("input_ids", "labels", "position_ids")
+    }
+    seq_len = out["input_ids"].shape[1]
+    cus = [items[0]["cu_seqlens"]]
+    cus += [it["cu_seqlens"][1:] + i * seq_len for i, it in enumerate(items) if i > 0]
+    cu = torch.cat(cus).to(torch.int32)
+    out["cu_seqlens"] = cu
+    out["max_seqlen"] = int((cu[1:] - cu[:-1]).max()) if len(cu) > 1 else 0
+    return out

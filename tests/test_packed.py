@@ -1,0 +1,387 @@
+"""PackedSampler and PackedTokens: every token (concat) or document (best_fit) exactly once per
+epoch over any number of ranks, rows read back equal to the documents, fixed row counts,
+W-independence, resume, DataLoader workers and bad input."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastshard import EpochWarning, PackedSampler, PackedTokens, collate_rows
+
+
+def corpus(n=2000, seed=0, hi=300, mean=3.5):
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.rint(rng.lognormal(mean, 1.0, n)), 1, hi).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = rng.integers(0, 60000, offsets[-1]).astype(np.uint16)
+    return lengths, offsets, tokens
+
+
+def rows_of(sampler):
+    return [np.asarray(r) for r in sampler]
+
+
+def all_rows(lengths, seq_len, world, epoch=0, **kw):
+    out = []
+    for r in range(world):
+        s = PackedSampler(lengths, seq_len, num_replicas=world, rank=r, **kw)
+        s.set_epoch(epoch)
+        out.append(rows_of(s))
+    return out
+
+
+def token_cover(rows, offsets):
+    cover = np.zeros(offsets[-1], dtype=np.int64)
+    for row in rows:
+        for d, a, b in row:
+            cover[offsets[d] + a : offsets[d] + b] += 1
+    return cover
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_concat_every_token_once(world, overlap):
+    lengths, offsets, _ = corpus()
+    seq = 64
+    per_rank = all_rows(lengths, seq, world, epoch=3, overlap=overlap, drop_last=True)
+    assert len({len(r) for r in per_rank}) == 1  # equal counts
+    rows = [row for rank in per_rank for row in rank]
+    width = seq + overlap
+    assert all(int((r[:, 2] - r[:, 1]).sum()) == width for r in rows)
+    total = int(offsets[-1])
+    n_rows = (total - 1) // seq if overlap else total // seq
+    assert len(rows) == n_rows // world * world
+    # the whole epoch (num_replicas=1): every token but the dropped partial row exactly once;
+    # with overlap, the shared token of consecutive rows twice
+    sampler = PackedSampler(lengths, seq, overlap=overlap, num_replicas=1, rank=0)
+    sampler.set_epoch(3)
+    whole = rows_of(sampler)
+    cover = token_cover(whole, offsets)
+    used = n_rows * seq
+    if overlap:
+        expected = np.ones(total, dtype=np.int64)
+        expected[seq:used:seq] = 2
+        expected[used + 1 :] = 0
+    else:
+        expected = np.zeros(total, dtype=np.int64)
+        expected[:used] = 1
+    # positions are in the epoch's concatenation order, not the file's: compare sorted counts
+    assert sorted(cover.tolist()) == sorted(expected.tolist())
+    # ranks' rows are the whole epoch's rows r, r + W, ...
+    for r in range(world):
+        assert all(np.array_equal(a, b) for a, b in zip(per_rank[r], whole[r::world]))
+
+
+def test_concat_rows_follow_one_concatenation():
+    lengths, offsets, _ = corpus(500)
+    seq = 50
+    s = PackedSampler(lengths, seq, num_replicas=1, rank=0)
+    rows = rows_of(s)
+    # unshuffle the rows: sort by the order in which their first segment appears
+    stream = [tuple(seg) for row in rows for seg in row]
+    docs = [d for d, _, _ in stream]
+    assert set(docs) <= set(range(len(lengths)))
+    # every document fully covered once except the tail after the last full row
+    cover = token_cover(rows, offsets)
+    assert cover.max() == 1 and cover.sum() == len(rows) * seq
+    partial = [
+        d for d in range(len(lengths)) if 0 < cover[offsets[d] : offsets[d + 1]].sum() < lengths[d]
+    ]
+    assert len(partial) <= 2  # the document cut by the dropped last row (and its neighbour)
+    # neighbouring rows of a rank's step come from unrelated places of the document order
+    firsts = [int(r[0, 0]) for r in rows[:20]]
+    assert len(set(firsts)) >= 15  # (a document spanning two rows starts one and ends the other)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+@pytest.mark.parametrize("long_docs", ["truncate", "split"])
+def test_best_fit_every_document_once(world, long_docs):
+    lengths = corpus(3000, hi=400)[0]
+    seq = 128
+    per_rank = all_rows(
+        lengths, seq, world, epoch=1, mode="best_fit", long_docs=long_docs, pad=False, window=700
+    )
+    rows = [row for rank in per_rank for row in rank]
+    assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
+    assert max(len(r) for r in per_rank) - min(len(r) for r in per_rank) <= 1
+    pieces = {}
+    for row in rows:
+        for d, a, b in row:
+            pieces.setdefault(int(d), []).append((int(a), int(b)))
+    assert sorted(pieces) == list(range(len(lengths)))
+    for d, segs in pieces.items():
+        L = int(lengths[d])
+        if long_docs == "truncate":
+            assert segs == [(0, min(L, seq))]
+        else:
+            segs.sort()
+            assert segs[0][0] == 0 and segs[-1][1] == L
+            assert all(x[1] == y[0] for x, y in zip(segs, segs[1:]))
+            assert all(b - a == seq for a, b in segs[:-1])
+
+
+def test_best_fit_row_count_fixed_and_w_independent():
+    lengths = corpus(5000, hi=600)[0]
+    counts = set()
+    seqs = {}
+    for epoch in range(4):
+        s = PackedSampler(
+            lengths, 256, mode="best_fit", long_docs="split", num_replicas=1, rank=0, window=1000
+        )
+        s.set_epoch(epoch)
+        rows = rows_of(s)
+        counts.add(len(rows))
+        seqs[epoch] = rows
+        assert len(rows) == s.num_rows == len(s)
+    assert len(counts) == 1
+    # fresh rows every epoch
+    assert [r.tolist() for r in seqs[0]] != [r.tolist() for r in seqs[1]]
+    # W-independence: rank r of 3 = rows r, r + 3, ... of the global sequence
+    for r in range(3):
+        s = PackedSampler(
+            lengths,
+            256,
+            mode="best_fit",
+            long_docs="split",
+            num_replicas=3,
+            rank=r,
+            window=1000,
+            drop_last=True,
+        )
+        s.set_epoch(2)
+        mine = rows_of(s)
+        assert all(np.array_equal(a, b) for a, b in zip(mine, seqs[2][r::3]))
+
+
+def test_best_fit_efficiency_reported():
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(5.5, 0.9, 40000), 1, 8192).astype(np.int64)
+    s = PackedSampler(lengths, 4096, mode="best_fit", long_docs="split", num_replicas=1, rank=0)
+    assert s.efficiency >= 0.99
+    real = sum(int((r[:, 2] - r[:, 1]).sum()) for r in s)
+    assert real == int(lengths.sum())
+    assert real / (len(s) * 4096) == pytest.approx(s.efficiency)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_rows_read_back_from_memmap(tmp_path, mode):
+    lengths, offsets, tokens = corpus(800, hi=200)
+    path = tmp_path / "tokens.bin"
+    tokens.tofile(path)
+    np.save(tmp_path / "offsets.npy", offsets)
+    seq = 96
+    overlap = mode == "concat"
+    s = PackedSampler(lengths, seq, mode=mode, overlap=overlap, num_replicas=1, rank=0)
+    data = PackedTokens(
+        str(path),
+        str(tmp_path / "offsets.npy"),
+        seq,
+        overlap=overlap,
+        pad_id=7,
+        dtype=np.uint16,
+        lengths=lengths,
+    )
+    data = pickle.loads(pickle.dumps(data))  # a path travels, not the tokens
+    assert data._tokens is None
+    mm = np.memmap(path, dtype=np.uint16, mode="r")
+    for row in list(s)[:60]:
+        item = data[row]
+        ids, labels, pos, cu = (
+            item[k].numpy() for k in ("input_ids", "labels", "position_ids", "cu_seqlens")
+        )
+        width = seq + overlap
+        stream, positions, bounds, starts = [], [], [0], []
+        for d, a, b in row:
+            starts.append(len(stream))
+            stream += mm[offsets[d] + a : offsets[d] + b].astype(np.int64).tolist()
+            positions += list(range(b - a))
+            bounds.append(len(stream))
+        used = len(stream)
+        stream += [7] * (width - used)
+        positions += list(range(width - used))
+        assert ids.shape == (seq,) and ids.tolist() == stream[:seq]
+        assert pos.tolist() == positions[:seq]
+        if overlap:
+            want = np.array(stream[1:])
+            mask = np.isin(np.arange(1, width), starts)
+            want[mask] = -100
+            assert labels.tolist() == want.tolist()
+            assert cu.tolist() == [b for b in bounds if b < seq] + [seq]
+        else:
+            want = np.array(stream)
+            want[starts] = -100
+            want[used:] = -100
+            assert labels.tolist() == want.tolist()
+            assert cu.tolist() == bounds + ([seq] if used < seq else [])
+        assert cu.dtype == np.int32
+
+
+def test_collate_rows_flattens_boundaries():
+    lengths, offsets, tokens = corpus(300)
+    s = PackedSampler(lengths, 64, mode="best_fit", num_replicas=1, rank=0)
+    data = PackedTokens(tokens, offsets, 64)
+    items = [data[s[k]] for k in range(3)]
+    batch = collate_rows(items)
+    assert batch["input_ids"].shape == (3, 64)
+    cu = batch["cu_seqlens"]
+    assert cu[0] == 0 and cu[-1] == 3 * 64
+    assert torch.all(cu[1:] > cu[:-1])
+    assert batch["max_seqlen"] == int((cu[1:] - cu[:-1]).max())
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_exact_and_elastic_resume(mode):
+    lengths = corpus(3000)[0]
+    seq = 128
+    kw = dict(mode=mode, pad=False)
+    whole = rows_of(PackedSampler(lengths, seq, num_replicas=1, rank=0, **kw))
+    key = lambda r: tuple(map(tuple, r.tolist()))  # noqa: E731
+    # exact: 4 ranks, interrupted after 5 rows each
+    samplers = [PackedSampler(lengths, seq, num_replicas=4, rank=r, **kw) for r in range(4)]
+    its = [iter(s) for s in samplers]
+    first = [[next(it) for _ in range(5)] for it in its]
+    state = samplers[2].state_dict()
+    assert state == samplers[0].state_dict()
+    rest = []
+    for r in range(4):
+        s = PackedSampler(lengths, seq, num_replicas=4, rank=r, **kw)
+        s.load_state_dict(state)
+        rest.append(rows_of(s))
+        uninterrupted = rows_of(PackedSampler(lengths, seq, num_replicas=4, rank=r, **kw))
+        assert [key(x) for x in first[r] + rest[r]] == [key(x) for x in uninterrupted]
+    # elastic: onto 3 ranks, every unconsumed row exactly once
+    again = []
+    for r in range(3):
+        s = PackedSampler(lengths, seq, num_replicas=3, rank=r, **kw)
+        s.load_state_dict(state)
+        again += [key(x) for x in s]
+    consumed = [key(x) for f in first for x in f]
+    assert sorted(again + consumed) == sorted(key(x) for x in whole)
+
+
+def test_state_guard_and_pickle():
+    lengths = corpus(500)[0]
+    s = PackedSampler(lengths, 64, mode="best_fit", num_replicas=2, rank=1, seed=5)
+    t = PackedSampler(lengths, 32, mode="best_fit", num_replicas=2, rank=1, seed=5)
+    with pytest.raises(ValueError):
+        t.load_state_dict(s.state_dict())
+    other = lengths.copy()
+    other[3] += 1
+    with pytest.raises(ValueError):
+        PackedSampler(other, 64, mode="best_fit", num_replicas=2, rank=1, seed=5).load_state_dict(
+            s.state_dict()
+        )
+    want = [x.tolist() for x in s]
+    for clone in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
+        clone.set_epoch(0)
+        assert [x.tolist() for x in clone] == want
+    with pytest.raises(AttributeError):
+        s.seq_len = 3
+    s.epoch = 4
+    assert s.epoch == 4 and [x.tolist() for x in s] != want
+    s.epoch = 4
+    assert len(s) == len(rows_of(s))
+    with pytest.raises(TypeError):
+        s.indices()
+
+
+def test_epoch_warning_and_auto_epoch():
+    lengths = corpus(300)[0]
+    s = PackedSampler(lengths, 64, num_replicas=1, rank=0)
+    a = rows_of(s)
+    with pytest.warns(EpochWarning):
+        b = rows_of(s)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    s = PackedSampler(lengths, 64, num_replicas=1, rank=0, auto_epoch=True)
+    a, b = rows_of(s), rows_of(s)
+    assert [x.tolist() for x in a] != [x.tolist() for x in b] and len(a) == len(b)
+
+
+def test_dataloader_two_workers_end_to_end():
+    lengths, offsets, tokens = corpus(1500)
+    seq = 64
+    s = PackedSampler(lengths, seq, num_replicas=1, rank=0)
+    data = PackedTokens(tokens, offsets, seq, lengths=lengths)
+    loader = DataLoader(data, sampler=s, batch_size=8, num_workers=2, collate_fn=collate_rows)
+    got = torch.cat([b["input_ids"] for b in loader])
+    s.set_epoch(0)
+    want = torch.stack([data[r]["input_ids"] for r in s])
+    assert torch.equal(got, want) and got.shape == (len(s), seq)
+
+
+def test_stateful_dataloader_resume_with_workers():
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    lengths, offsets, tokens = corpus(1500)
+    seq = 64
+
+    def loader():
+        s = PackedSampler(lengths, seq, num_replicas=2, rank=1, mode="best_fit")
+        d = PackedTokens(tokens, offsets, seq)
+        return tdl.StatefulDataLoader(
+            d, sampler=s, batch_size=4, num_workers=2, collate_fn=collate_rows
+        )
+
+    full = [b["input_ids"] for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it)["input_ids"] for _ in range(3)]
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    tail = [b["input_ids"] for b in second]
+    assert all(torch.equal(a, b) for a, b in zip(head + tail, full)) and len(head + tail) == len(
+        full
+    )
+
+
+def test_large_uint32_memmap_in_place(tmp_path):
+    n = 2_000_000
+    path = tmp_path / "lengths.u32"
+    mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n,))
+    mm[:] = (np.arange(n, dtype=np.uint32) % 97) + 1
+    mm.flush()
+    lengths = np.memmap(path, dtype=np.uint32, mode="r")
+    s = PackedSampler(lengths, 2048, num_replicas=8, rank=0)
+    assert np.shares_memory(s.lengths, lengths)
+    row = s[0]
+    assert int((row[:, 2] - row[:, 1]).sum()) == 2048
+
+
+@pytest.mark.parametrize(
+    ("lengths", "kw", "err"),
+    [
+        ([3, 0, 2], {}, ValueError),
+        ([3, -1, 2], {}, ValueError),
+        ([3, 4], {"seq_len": 0}, ValueError),
+        ([3, 4], {"seq_len": -5}, ValueError),
+        ([3, 4], {"seq_len": 100}, ValueError),  # fewer tokens than a row
+        ([3, 4], {"mode": "first_fit"}, ValueError),
+        ([3, 4], {"mode": "best_fit", "overlap": True}, ValueError),
+        ([3, 4], {"long_docs": "drop"}, ValueError),
+        ([], {}, ValueError),
+        ([1.5, 2.0], {}, TypeError),
+    ],
+)
+def test_bad_input(lengths, kw, err):
+    kw = {"seq_len": 4, **kw}
+    with pytest.raises(err):
+        PackedSampler(np.asarray(lengths) if lengths else lengths, num_replicas=1, rank=0, **kw)
+
+
+def test_lengths_must_match_offsets():
+    lengths, offsets, tokens = corpus(50)
+    bad = lengths.copy()
+    bad[10] += 1
+    with pytest.raises(ValueError, match=r"lengths\[10\]"):
+        PackedTokens(tokens, offsets, 32, lengths=bad)
+    with pytest.raises(ValueError):
+        PackedTokens(tokens, offsets, 32, lengths=lengths[:-1])
+    data = PackedTokens(tokens, offsets, 32)
+    with pytest.raises(ValueError, match="outside document"):
+        data[np.array([[10, 0, int(lengths[10]) + 1]])]
