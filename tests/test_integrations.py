@@ -419,3 +419,31 @@ def test_trainer_refuses_a_length_grouping_strategy_it_would_ignore(trainer_repo
     r = trainer_report["group_by_length"]
     assert r.get("error") == "ValueError", r
     assert "train_sampling_strategy='group_by_length'" in r["message"]
+
+
+# -- PackedSampler under each framework ---------------------------------------------------------
+def packed_epochs(epochs: dict[str, Any]) -> None:
+    """Every epoch trains all of its rows' tokens (rows * seq_len distinct tokens, no token of
+    the corpus out of range), a fresh row order each epoch."""
+    assert sorted(epochs) == ["0", "1"]
+    for e in epochs.values():
+        assert e["distinct"] == e["expected"] and e["out_of_range"] == 0, e
+    assert epochs["0"]["first"] != epochs["1"]["first"]
+
+
+def test_lightning_keeps_the_packed_sampler(lightning_report):
+    r = lightning_report["packed"]
+    assert "error" not in r, r
+    packed_epochs(r["epochs"])
+
+
+def test_accelerate_packed_global_order(accelerate_report):
+    r = accelerate_report["packed_documented"]
+    assert "error" not in r, r
+    packed_epochs(r["epochs"])
+
+
+def test_trainer_packed_rows(trainer_report):
+    r = trainer_report["packed"]
+    assert "error" not in r, r
+    packed_epochs(r["epochs"])

@@ -77,6 +77,35 @@ def mixture_counts(per_rank: list[list[int]]) -> dict[str, Any]:
     }
 
 
+# A token corpus for PackedSampler: 400 documents of 1-60 tokens whose every token is its own
+# global position, so a row's input_ids say exactly which tokens were trained on.
+SEQ_LEN, PACKED_BATCH = 32, 4
+DOC_LENGTHS = [(d * 37) % 60 + 1 for d in range(400)]
+
+
+def corpus() -> tuple[Any, Any, Any]:
+    """(tokens, offsets, lengths) as NumPy arrays."""
+    import numpy as np
+
+    lengths = np.array(DOC_LENGTHS, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return np.arange(offsets[-1], dtype=np.int64), offsets, lengths
+
+
+def token_summary(per_rank: list[list[int]], rows: int) -> dict[str, Any]:
+    """What the ranks trained on, in tokens: concat rows hold seq_len distinct tokens each, so
+    an epoch of `rows` rows trains rows * seq_len distinct tokens, none twice (padding repeats
+    whole rows, so a repeated token shows as one)."""
+    counts = Counter(t for seen in per_rank for t in seen)
+    return {
+        "per_rank": [len(s) for s in per_rank],
+        "distinct": len(counts),
+        "expected": rows * SEQ_LEN,
+        "out_of_range": sum(1 for t in counts if not 0 <= t < sum(DOC_LENGTHS)),
+        "first": [s[:8] for s in per_rank],
+    }
+
+
 def report(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
     if dist.is_initialized() and dist.get_rank() != 0:
         return

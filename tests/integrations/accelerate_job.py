@@ -18,14 +18,18 @@ from _common import (
     BATCH,
     MIX_SIZES,
     MIX_WEIGHTS,
+    PACKED_BATCH,
+    SEQ_LEN,
     TIMEOUT,
     IndexDataset,
+    corpus,
     error_text,
     gather,
     mixture_counts,
     report,
     run,
     summary,
+    token_summary,
 )
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
@@ -88,6 +92,23 @@ def length_grouped_documented() -> dict[str, Any]:
     return {"epochs": epochs(loader), "len": len(bs), "sampler_epoch": bs.epoch}
 
 
+def packed_documented() -> dict[str, Any]:
+    """A global PackedSampler (num_replicas=1) whose rows accelerate splits by batches."""
+    tokens, offsets, lengths = corpus()
+    data = fastshard.PackedTokens(tokens, offsets, SEQ_LEN, lengths=lengths)
+    sampler = fastshard.PackedSampler(lengths, SEQ_LEN, num_replicas=1, rank=0, seed=6)
+    loader = accelerator.prepare(
+        DataLoader(
+            data, sampler=sampler, batch_size=PACKED_BATCH, collate_fn=fastshard.collate_rows
+        )
+    )
+    out = {}
+    for epoch in range(2):
+        seen = [t for batch in loader for t in batch["input_ids"].flatten().tolist()]
+        out[str(epoch)] = token_summary(gather(seen), sampler.num_rows)
+    return {"epochs": out, "rows": sampler.num_rows}
+
+
 def misuse(batch_sampler: bool = False) -> dict[str, Any]:
     sampler = fastshard.DistributedSampler(ds, seed=21)  # num_replicas=2 from the process group
     if batch_sampler:
@@ -143,6 +164,7 @@ run("documented_batch_sampler", documented_batch_sampler, results)
 run("weighted_documented", weighted_documented, results)
 run("mixture_documented", mixture_documented, results)
 run("length_grouped_documented", length_grouped_documented, results)
+run("packed_documented", packed_documented, results)
 run("misuse", misuse, results)
 run("misuse_batch_sampler", lambda: misuse(True), results)
 run("dispatch_misuse_stateful_workers", lambda: dispatch_misuse(True, 2), results)

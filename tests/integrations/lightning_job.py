@@ -21,14 +21,18 @@ from _common import (
     BATCH,
     MIX_SIZES,
     MIX_WEIGHTS,
+    PACKED_BATCH,
+    SEQ_LEN,
     IndexDataset,
     N,
+    corpus,
     flat,
     gather,
     mixture_counts,
     report,
     run,
     summary,
+    token_summary,
 )
 from torch.utils.data import DataLoader
 
@@ -166,6 +170,39 @@ def mixture() -> dict[str, Any]:
     return {"epochs": out}
 
 
+class PackedRecorder(Recorder):
+    """Records the tokens of every packed row it trains on (each token is its position)."""
+
+    def training_step(self, batch: dict[str, Any], _: int) -> torch.Tensor:
+        self.train_seen.extend(batch["input_ids"].flatten().tolist())
+        return self.layer(batch["input_ids"][:, :4].float()).pow(2).mean() * 0.0
+
+    def on_train_epoch_end(self) -> None:
+        self.epochs[self.current_epoch] = {"per_rank": gather(self.train_seen)}
+        self.train_seen = []
+
+
+def packed() -> dict[str, Any]:
+    """DataLoader(PackedTokens, sampler=fastshard.PackedSampler(...), batch_size=B): kept as a
+    DistributedSampler; Lightning sets its epoch."""
+    tokens, offsets, lengths = corpus()
+    data = fastshard.PackedTokens(tokens, offsets, SEQ_LEN, lengths=lengths)
+    rows: list[int] = []
+
+    def loader() -> Any:
+        sampler = fastshard.PackedSampler(lengths, SEQ_LEN, seed=6)
+        rows.append(sampler.num_rows)
+        return DataLoader(
+            data, sampler=sampler, batch_size=PACKED_BATCH, collate_fn=fastshard.collate_rows
+        )
+
+    model = PackedRecorder(loader)
+    trainer().fit(model)
+    return {
+        "epochs": {str(e): token_summary(s["per_rank"], rows[0]) for e, s in model.epochs.items()}
+    }
+
+
 def batch_sampler(use_distributed_sampler: bool) -> dict[str, Any]:
     model = Recorder(
         lambda: DataLoader(
@@ -243,6 +280,7 @@ if FLAVOUR == "lightning":
     run("sampler", natural_sampler, results, barrier=False)
     run("weighted", weighted, results, barrier=False)
     run("mixture", mixture, results, barrier=False)
+    run("packed", packed, results, barrier=False)
     run("batch_sampler", lambda: batch_sampler(True), results, barrier=False)
     run("batch_sampler_no_replace", lambda: batch_sampler(False), results, barrier=False)
     run("resume_stateful", lambda: resume(True), results, barrier=False)

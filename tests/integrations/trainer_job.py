@@ -16,7 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import BATCH, IndexDataset, flat, gather, report, run, summary
+from _common import (
+    BATCH,
+    PACKED_BATCH,
+    SEQ_LEN,
+    IndexDataset,
+    corpus,
+    flat,
+    gather,
+    report,
+    run,
+    summary,
+    token_summary,
+)
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
@@ -63,9 +75,9 @@ class MisusedTrainer(Trainer):
 
 def args(name: str, **kw: Any) -> TrainingArguments:
     kw.setdefault("num_train_epochs", 2)
+    kw.setdefault("per_device_train_batch_size", BATCH)
     return TrainingArguments(
         output_dir=str(WORKDIR / name),
-        per_device_train_batch_size=BATCH,
         use_cpu=True,
         ddp_backend="gloo",
         ddp_timeout=120,
@@ -124,10 +136,65 @@ def strategy(name: str) -> dict[str, Any]:
     return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
 
 
+class PackedModel(torch.nn.Module):
+    """Records the tokens of the packed rows it trains on (each token is its position)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen: list[int] = []
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: Any = None,
+        position_ids: Any = None,
+        cu_seqlens: Any = None,
+        max_seqlen: Any = None,
+    ) -> dict[str, torch.Tensor]:
+        if self.training:
+            self.seen.extend(input_ids.flatten().tolist())
+        return {"loss": self.layer(input_ids[:, :4].float() / 1e4).pow(2).mean()}
+
+
+class PackedTrainer(FastshardTrainer):
+    """FastshardTrainer over packed rows: make_train_sampler returns a global PackedSampler."""
+
+    def make_train_sampler(self, dataset: Any) -> Any:
+        _, _, lengths = corpus()
+        return fastshard.PackedSampler(
+            lengths, SEQ_LEN, num_replicas=1, rank=0, seed=self.args.seed
+        )
+
+
+def packed() -> dict[str, Any]:
+    tokens, offsets, lengths = corpus()
+    data = fastshard.PackedTokens(tokens, offsets, SEQ_LEN, lengths=lengths)
+    model = PackedModel()
+    per_epoch = PerEpoch(model)  # type: ignore[arg-type]
+    rows = fastshard.PackedSampler(lengths, SEQ_LEN, num_replicas=1, rank=0).num_rows
+    # PackedTokens has no len() (its rows come from the sampler), so the Trainer needs
+    # max_steps: 2 epochs of ceil(rows / (B * 2 processes)) steps.
+    steps = -(-rows // (PACKED_BATCH * 2))
+    trainer = PackedTrainer(
+        model=model,
+        args=args(
+            "packed", save_strategy="no", per_device_train_batch_size=PACKED_BATCH,
+            remove_unused_columns=False, max_steps=2 * steps,
+        ),
+        train_dataset=data,
+        data_collator=fastshard.collate_rows,
+        callbacks=[per_epoch],
+    )  # fmt: skip
+    trainer.train()
+    return {"epochs": {str(e): token_summary([t], rows) for e, t in per_epoch.epochs.items()}}
+
+
 results: dict[str, Any] = {}
 run("documented", documented, results)
 run("sequential", lambda: strategy("sequential"), results)
 run("group_by_length", lambda: strategy("group_by_length"), results)
+run("packed", packed, results)
 run("resume", resume, results)
 run("misuse", misuse, results)
 report(REPORT, results)
