@@ -118,20 +118,8 @@ OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t 
                      Weight weight, unsigned threads)
     : lengths_(&lengths), perm_(&perm), window_(window), seq_len_(seq_len), kind_(weight) {
     if (window == 0) throw std::invalid_argument("window must be >= 1");
-    const std::uint64_t n = lengths.n;
-    const std::uint64_t windows = (n + window - 1) / window;
-    prefix_.assign(static_cast<std::size_t>(windows) + 1, 0);
-    parallel_for(windows, threads, 16, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            std::uint64_t sum = 0;
-            walk_order(lengths, perm, w * window, std::min(n, (w + 1) * window),
-                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) {
-                           sum += this->weight(v);
-                           return true;
-                       });
-            prefix_[static_cast<std::size_t>(w) + 1] = sum;
-        }
-    });
+    prefix_ = window_sums(lengths, perm, window, 1, threads,
+                          [this](std::uint64_t* row, std::uint64_t v) { *row += this->weight(v); });
     for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
 }
 

@@ -90,6 +90,67 @@ bool walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first
     });
 }
 
+// Per-window sums over an epoch's order: row w + 1 of the (windows + 1) x width result is what
+// add(row, length) put in for the items at positions [w * window, (w + 1) * window) of the order
+// (row 0 stays zero, ready for prefix sums). Integer sums, so the result does not depend on the
+// order of the additions.
+//
+// The lengths are read sequentially and each item i placed at its position P^-1(i) (the network
+// decrypted), into its window's row: n sequential reads and n scattered adds into a table of
+// n / window rows, instead of n reads of the lengths at random places. Threads take parts of the
+// items, each with a table of its own (part 0 adds into the result), as long as all the tables
+// together stay under max(2^21 words, n / 32 words); threads are dropped to fit, and where not
+// even one extra table fits, threads take windows and walk their positions instead.
+template <class Add>
+std::vector<std::uint64_t> window_sums(const Lengths& lengths, const Feistel& perm, std::uint64_t window,
+                                       std::uint32_t width, unsigned threads, Add&& add) {
+    const std::uint64_t n = lengths.n;
+    const std::uint64_t windows = n == 0 ? 0 : (n - 1) / window + 1;
+    const std::uint64_t words = (windows + 1) * width;
+    std::vector<std::uint64_t> out(static_cast<std::size_t>(words), 0);
+    if (threads == 0) threads = default_threads();
+    const std::uint64_t budget = std::max<std::uint64_t>(std::uint64_t{1} << 21, n / 32);
+    const std::uint64_t fit = budget / (words == 0 ? 1 : words);
+    if (fit == 0) {
+        parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+            for (std::uint64_t w = w0; w < w0 + count; ++w) {
+                std::uint64_t* row = out.data() + (w + 1) * width;
+                walk_order(lengths, perm, w * window, std::min(n, (w + 1) * window),
+                           [&](std::uint64_t, std::uint64_t, std::uint64_t v) { add(row, v); });
+            }
+        });
+        return out;
+    }
+    const auto parts_max = static_cast<unsigned>(std::min<std::uint64_t>(threads, fit));
+    std::vector<std::vector<std::uint64_t>> tables(parts_max);
+    const bool pow2 = (window & (window - 1)) == 0;
+    unsigned shift = 0;
+    while (pow2 && (std::uint64_t{1} << shift) < window) ++shift;
+    constexpr std::uint64_t kBlock = 1024;
+    const unsigned parts = with_data(lengths, [&](const auto* data) {
+        return parallel_for(n, parts_max, std::uint64_t{1} << 16, [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
+            std::uint64_t* table = out.data();
+            if (part != 0) {
+                tables[part].assign(static_cast<std::size_t>(words), 0);
+                table = tables[part].data();
+            }
+            std::uint64_t pos[kBlock];
+            for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
+                const std::size_t len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
+                for (std::size_t k = 0; k < len; ++k) pos[k] = b0 + k;
+                perm.invert(pos, len);  // items -> their positions in the epoch's order
+                for (std::size_t k = 0; k < len; ++k) {
+                    const std::uint64_t w = pow2 ? pos[k] >> shift : pos[k] / window;
+                    add(table + (w + 1) * width, static_cast<std::uint64_t>(data[b0 + k]));  // checked >= 0
+                }
+            }
+        });
+    });
+    for (unsigned part = 1; part < parts; ++part)
+        for (std::size_t k = 0; k < out.size(); ++k) out[k] += tables[part][k];
+    return out;
+}
+
 // Fewest items per length class by default (measured: bench/RESULTS.md). A window's quota of a
 // class must come from near the window's own range of the order, or gathering it reads far
 // ranges: a class of c items sits, at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c))
@@ -188,16 +249,9 @@ ClassPrefix::ClassPrefix(const Strata& strata, const Lengths& lengths, const Fei
                          unsigned threads)
     : classes_(strata.num_classes()), windows_(strata.num_windows()) {
     const std::uint32_t classes = classes_;
-    prefix_.assign(static_cast<std::size_t>((windows_ + 1) * classes), 0);
-    // Each class's count in every window's range of positions (windows in parallel), then
-    // prefix sums.
-    parallel_for(windows_, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            std::uint64_t* row = prefix_.data() + (w + 1) * classes;
-            walk_order(lengths, perm, strata.window_start(w), strata.window_start(w + 1),
-                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) { ++row[class_of(v)]; });
-        }
-    });
+    // Each class's count in every window's range of positions, then prefix sums.
+    prefix_ = window_sums(lengths, perm, strata.window_size(), classes, threads,
+                          [&](std::uint64_t* row, std::uint64_t v) { ++row[class_of(v)]; });
     for (std::uint64_t w = 1; w <= windows_; ++w)
         for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
 }
