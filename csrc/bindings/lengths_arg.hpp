@@ -1,11 +1,10 @@
-// A lengths array as the compiled core reads it, in place. (register_length.cpp has the same
-// conversion in its anonymous namespace; it can include this header once branch length-count,
-// which edits that file, has landed.)
+// A lengths array as the compiled core reads it, in place: the one conversion the length-grouped
+// and packed bindings share.
 #pragma once
 
 #include <cstdint>
 
-#include "fastshard/length.hpp"
+#include "fastshard/stratify.hpp"
 #include "pybind.hpp"
 
 // A view of a 1-D C-contiguous integer array (Python passes nothing else; checked again here

@@ -5,36 +5,10 @@
 #include <vector>
 
 #include "fastshard/length.hpp"
+#include "lengths_arg.hpp"
 #include "pybind.hpp"
 
 namespace {
-
-using fastshard::LengthType;
-
-// A view of a 1-D C-contiguous integer array (Python passes nothing else; checked again here
-// so that _core is safe on its own). `owner` keeps the array alive for the view's users.
-struct LengthsArg {
-    py::array owner;
-    fastshard::Lengths view;
-};
-
-LengthsArg lengths_view(const py::array& a) {
-    if (a.ndim() != 1) throw py::value_error("lengths must be 1-D");
-    if (!(a.flags() & py::array::c_style)) throw py::value_error("lengths must be C-contiguous");
-    const char kind = a.dtype().kind();
-    const auto size = a.itemsize();
-    LengthType type;
-    if (kind == 'i' && size == 1) type = LengthType::i8;
-    else if (kind == 'i' && size == 2) type = LengthType::i16;
-    else if (kind == 'i' && size == 4) type = LengthType::i32;
-    else if (kind == 'i' && size == 8) type = LengthType::i64;
-    else if (kind == 'u' && size == 1) type = LengthType::u8;
-    else if (kind == 'u' && size == 2) type = LengthType::u16;
-    else if (kind == 'u' && size == 4) type = LengthType::u32;
-    else if (kind == 'u' && size == 8) type = LengthType::u64;
-    else throw py::type_error("lengths must have an integer dtype");
-    return {a, {a.data(), type, static_cast<std::uint64_t>(a.shape(0))}};
-}
 
 // What does not depend on the epoch, with the array its view reads.
 struct PyLengthLayout {
@@ -50,7 +24,7 @@ struct PyLengthEpoch {
 
 PyLengthLayout make_layout(const py::array& a, std::uint64_t batch_size, std::uint64_t max_tokens,
                            std::uint64_t max_batch_size, std::uint64_t window, std::uint64_t min_class_items) {
-    const LengthsArg arg = lengths_view(a);
+    const LengthsView arg = lengths_arg(a);
     const fastshard::BatchRule rule{batch_size, max_tokens, max_batch_size};
     std::shared_ptr<const fastshard::LengthLayout> layout;
     {
@@ -95,7 +69,7 @@ void register_length(py::module_& m) {
     m.attr("LENGTH_DOMAIN") = fastshard::kLengthDomain;
 
     m.def("scan_lengths", [](const py::array& a) {
-              const LengthsArg arg = lengths_view(a);
+              const LengthsView arg = lengths_arg(a);
               fastshard::LengthsSummary s;
               {
                   // Safe without the GIL: `a` is held by this call and only read.

@@ -37,6 +37,8 @@ Feistel::Feistel(std::uint64_t n, std::uint64_t key, std::uint64_t table_max, in
             const std::size_t j = stream.below(static_cast<std::uint32_t>(i));
             std::swap(table_[i - 1], table_[j]);
         }
+        inverse_.resize(table_.size());
+        for (std::size_t i = 0; i < table_.size(); ++i) inverse_[table_[i]] = static_cast<std::uint32_t>(i);
         return;
     }
     const unsigned k = std::max(bit_width(n - 1), 2U);  // >= 11 with the default table
@@ -88,6 +90,70 @@ FASTSHARD_INLINE void encrypt_lanes(std::uint64_t* x, std::size_t count, int rou
     for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << b_bits) | b[i];
 }
 
+// The inverse of encrypt_lanes: the rounds in reverse, each subtracting what it added.
+FASTSHARD_INLINE void decrypt_lanes(std::uint64_t* x, std::size_t count, int rounds,
+                                    unsigned hi_bits, unsigned lo_bits,
+                                    const std::uint32_t* xor_keys, const std::uint32_t* add_keys) {
+    std::uint32_t a[kBlock];
+    std::uint32_t b[kBlock];
+    const unsigned b_bits = rounds % 2 == 0 ? lo_bits : hi_bits;
+    const std::uint32_t b_mask = low_mask(b_bits);
+    for (std::size_t i = 0; i < count; ++i) {
+        a[i] = static_cast<std::uint32_t>(x[i] >> b_bits);
+        b[i] = static_cast<std::uint32_t>(x[i]) & b_mask;
+    }
+    for (int r = rounds - 1; r >= 0; --r) {
+        const std::uint32_t kx = xor_keys[r];
+        const std::uint32_t ka = add_keys[r];
+        const std::uint32_t mask_a = low_mask(r % 2 == 0 ? hi_bits : lo_bits);  // round r's a
+        for (std::size_t i = 0; i < count; ++i) {
+            const std::uint32_t old_b = a[i];
+            const std::uint32_t f = hash32(old_b ^ kx) + ka;
+            a[i] = (b[i] - f) & mask_a;
+            b[i] = old_b;
+        }
+    }
+    for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << lo_bits) | b[i];
+}
+
+// Cycle walking: values that leave [0, n) go through `block` again until they return. The
+// cycle of each value under the network contains it (in range), so this ends, after < 2
+// passes on average. Lanes still walking wait in one pool across blocks, which is passed
+// whenever it is full: the walks too run on full, vectorised blocks.
+template <class Block>
+void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, Block&& block) {
+    std::uint64_t pool[kBlock];
+    std::size_t home[kBlock];  // where in x each pooled value belongs
+    std::size_t pooled = 0;
+    auto walk = [&] {  // one pass of the pool; the lanes that return leave it
+        block(pool, pooled);
+        std::size_t still = 0;
+        for (std::size_t i = 0; i < pooled; ++i) {
+            const std::uint64_t v = pool[i];
+            x[home[i]] = v;  // final once v < n; rewritten otherwise
+            pool[still] = v;
+            home[still] = home[i];
+            still += v >= n ? 1 : 0;
+        }
+        pooled = still;
+    };
+    for (std::size_t start = 0; start < count; start += kBlock) {
+        const std::size_t m = std::min(kBlock, count - start);
+        std::uint64_t* values = x + start;
+        block(values, m);
+        for (std::size_t i = 0; i < m; ++i) {
+            pool[pooled] = values[i];
+            home[pooled] = start + i;
+            pooled += values[i] >= n ? 1 : 0;
+            if (pooled == kBlock) {
+                do walk();
+                while (pooled == kBlock);
+            }
+        }
+    }
+    while (pooled != 0) walk();
+}
+
 }  // namespace
 
 // Compiled for several instruction sets where the toolchain can pick one at load time
@@ -100,45 +166,28 @@ FASTSHARD_CLONES void Feistel::encrypt_block(std::uint64_t* x, std::size_t count
     }
 }
 
+FASTSHARD_CLONES void Feistel::decrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
+    if (rounds_ == kRounds) {
+        decrypt_lanes(x, count, kRounds, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+    } else {
+        decrypt_lanes(x, count, rounds_, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+    }
+}
+
 void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
     if (!table_.empty()) {
         for (std::size_t i = 0; i < count; ++i) x[i] = table_[static_cast<std::size_t>(x[i])];
         return;
     }
-    // Cycle walking: values that leave [0, n) are encrypted again until they return. The
-    // cycle of each value under the network contains it (in range), so this ends, after < 2
-    // encryptions on average. Lanes still walking wait in one pool across blocks, which is
-    // encrypted whenever it is full: the walks too run on full, vectorised blocks.
-    std::uint64_t pool[kBlock];
-    std::size_t home[kBlock];  // where in x each pooled value belongs
-    std::size_t pooled = 0;
-    auto walk = [&] {  // one encryption of the pool; the lanes that return leave it
-        encrypt_block(pool, pooled);
-        std::size_t still = 0;
-        for (std::size_t i = 0; i < pooled; ++i) {
-            const std::uint64_t v = pool[i];
-            x[home[i]] = v;  // final once v < n; rewritten otherwise
-            pool[still] = v;
-            home[still] = home[i];
-            still += v >= n_ ? 1 : 0;
-        }
-        pooled = still;
-    };
-    for (std::size_t start = 0; start < count; start += kBlock) {
-        const std::size_t m = std::min(kBlock, count - start);
-        std::uint64_t* block = x + start;
-        encrypt_block(block, m);
-        for (std::size_t i = 0; i < m; ++i) {
-            pool[pooled] = block[i];
-            home[pooled] = start + i;
-            pooled += block[i] >= n_ ? 1 : 0;
-            if (pooled == kBlock) {
-                do walk();
-                while (pooled == kBlock);
-            }
-        }
+    walk_cycles(x, count, n_, [this](std::uint64_t* v, std::size_t m) { encrypt_block(v, m); });
+}
+
+void Feistel::invert(std::uint64_t* x, std::size_t count) const noexcept {
+    if (!inverse_.empty()) {
+        for (std::size_t i = 0; i < count; ++i) x[i] = inverse_[static_cast<std::size_t>(x[i])];
+        return;
     }
-    while (pooled != 0) walk();
+    walk_cycles(x, count, n_, [this](std::uint64_t* v, std::size_t m) { decrypt_block(v, m); });
 }
 
 }  // namespace fastshard

@@ -39,6 +39,11 @@ class Feistel {
     // Maps each x[i] (all < n) to P(x[i]) in place.
     void apply(std::uint64_t* x, std::size_t count) const noexcept;
 
+    // Maps each x[i] (all < n) to P^-1(x[i]) in place: the network decrypted, cycle walking the
+    // other way round the same cycles. Lets a scan read items in index order and find each
+    // one's position, instead of reading items at random positions.
+    void invert(std::uint64_t* x, std::size_t count) const noexcept;
+
     std::uint64_t operator()(std::uint64_t i) const noexcept {
         apply(&i, 1);
         return i;
@@ -47,6 +52,7 @@ class Feistel {
   private:
     // One pass of the network over [0, 2^k), no cycle walking, on count <= 64 values.
     void encrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
+    void decrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
 
     std::uint64_t n_;
     unsigned hi_bits_ = 0;  // width of the high half at the start (ceil(k/2))
@@ -54,7 +60,7 @@ class Feistel {
     int rounds_ = kRounds;
     std::array<std::uint32_t, kMaxRounds> xor_keys_{};
     std::array<std::uint32_t, kMaxRounds> add_keys_{};
-    std::vector<std::uint32_t> table_;
+    std::vector<std::uint32_t> table_, inverse_;
 };
 
 }  // namespace fastshard

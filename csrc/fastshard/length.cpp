@@ -13,22 +13,6 @@ namespace fastshard {
 
 namespace {
 
-// Calls f with a null pointer of the lengths' element type.
-template <class F>
-decltype(auto) with_type(LengthType type, F&& f) {
-    switch (type) {
-        case LengthType::i8: return f(static_cast<const std::int8_t*>(nullptr));
-        case LengthType::i16: return f(static_cast<const std::int16_t*>(nullptr));
-        case LengthType::i32: return f(static_cast<const std::int32_t*>(nullptr));
-        case LengthType::i64: return f(static_cast<const std::int64_t*>(nullptr));
-        case LengthType::u8: return f(static_cast<const std::uint8_t*>(nullptr));
-        case LengthType::u16: return f(static_cast<const std::uint16_t*>(nullptr));
-        case LengthType::u32: return f(static_cast<const std::uint32_t*>(nullptr));
-        case LengthType::u64: break;
-    }
-    return f(static_cast<const std::uint64_t*>(nullptr));
-}
-
 constexpr std::uint64_t kScanBlock = 4096;
 
 struct ScanPart {
@@ -175,24 +159,6 @@ void sort_by_length(std::vector<std::uint64_t>& lens, std::vector<std::uint64_t>
     lens.swap(sorted_lens);
 }
 
-// Calls f(position, item, length) for the epoch's positions [first, last), in order.
-template <class F>
-void walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first, std::uint64_t last, F&& f) {
-    constexpr std::uint64_t kBlock = 1024;
-    std::uint64_t buf[kBlock];
-    with_type(lengths.type, [&](auto tag) {
-        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-        const T* data = static_cast<const T*>(lengths.data);
-        for (std::uint64_t p0 = first; p0 < last; p0 += kBlock) {
-            const std::size_t len = static_cast<std::size_t>(std::min(kBlock, last - p0));
-            for (std::size_t i = 0; i < len; ++i) buf[i] = p0 + i;
-            perm.apply(buf, len);  // positions -> the epoch's items
-            for (std::size_t i = 0; i < len; ++i)
-                f(p0 + i, buf[i], static_cast<std::uint64_t>(data[buf[i]]));  // checked >= 0
-        }
-    });
-}
-
 }  // namespace
 
 LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
@@ -226,29 +192,9 @@ LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
     return s;
 }
 
-namespace {
-
-// Fewest items per length class (measured: bench/RESULTS.md). A window's quota of a class must
-// come from near the window's own range of the order, or gathering it reads far ranges: a class
-// of c items sits, at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c)) positions,
-// from its quota, and a window reads its own range plus the largest deviation of its classes
-// on either side. Merging costs batches, though (a merged class's bound is its largest length):
-// at 1e7 lognormal lengths in 245 windows, classes of >= windows^2 / 32 items read 11 windows
-// per window for 0.8% more batches than a cut on the actual lengths; >= windows^2 / 8, 7
-// windows for 3.3% more; >= windows^2 / 2, 5 windows for 14% more. Small epochs (windows * n <=
-// 2^24 positions: reading all of them for every window costs a few tenths of a second) keep
-// every fine bucket, and at least 32 classes stay possible whatever the number of windows.
-std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
-    if (windows <= (std::uint64_t{1} << 24) / n) return 1;
-    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 32;
-    return std::max<std::uint64_t>(1, std::min(by_windows, n / 32));
-}
-
-}  // namespace
-
 LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads,
                            std::uint64_t min_class_items)
-    : lengths_(lengths), rule_(rule), window_(window) {
+    : lengths_(lengths), rule_(rule), strata_(lengths.n, window) {
     if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
     if (window == 0) throw std::invalid_argument("sort_window must be >= 1");
     if ((rule.batch_size == 0) == (rule.max_tokens == 0))
@@ -292,53 +238,18 @@ LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::u
             fine[f] += counts[p][f];
             fine_max[f] = std::max(fine_max[f], maxima[p][f]);
         }
-    // Classes: occupied fine buckets in length order, merged upwards until each holds at least
-    // class_min_items; a short last class joins the one before it.
-    const std::uint64_t min_items = min_class_items != 0 ? min_class_items : class_min_items(n, windows);
-    fine_to_class_.assign(kFineBuckets, 0);
-    std::uint64_t open = 0;
-    for (std::uint32_t f = 0; f < kFineBuckets; ++f) {
-        if (fine[f] == 0) {
-            fine_to_class_[f] = static_cast<std::uint32_t>(class_count_.size());  // never looked up
-            continue;
-        }
-        if (class_count_.empty() || open >= min_items) {
-            class_count_.push_back(0);
-            class_upper_.push_back(0);
-        }
-        fine_to_class_[f] = static_cast<std::uint32_t>(class_count_.size() - 1);
-        class_count_.back() += fine[f];
-        class_upper_.back() = fine_max[f];
-        open = class_count_.back();
-    }
-    if (class_count_.size() > 1 && class_count_.back() < min_items) {
-        const auto last = static_cast<std::uint32_t>(class_count_.size() - 1);
-        for (auto& c : fine_to_class_)
-            if (c >= last) c = last - 1;
-        class_count_[last - 1] += class_count_[last];
-        class_upper_[last - 1] = class_upper_[last];
-        class_count_.pop_back();
-        class_upper_.pop_back();
-    }
-    // An empty fine bucket maps to the class above it (the last class past the top): never
-    // looked up unless the lengths change under the sampler, and then still a valid class, so
-    // the mismatch is caught by the build's count check rather than read out of bounds.
+    // Classes: occupied fine buckets in length order, merged upwards (stratify.hpp).
+    strata_.set_classes(LengthClasses(fine, fine_max, min_class_items != 0 ? min_class_items : class_min_items(n, windows)));
     const std::uint32_t classes = num_classes();
-    for (auto& c : fine_to_class_) c = std::min(c, classes - 1);
     // Each window's batch count from its class quotas: the same in every epoch.
     parallel_for(windows, threads, 64, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        std::vector<std::uint64_t> quota(classes);
+        std::vector<std::uint64_t> quota;
         for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            for (std::uint32_t b = 0; b < classes; ++b) quota[b] = quota_before(w + 1, b) - quota_before(w, b);
-            offsets_[w + 1] = cut_count(quota.data(), class_upper_.data(), classes, rule_);
+            strata_.quotas(w, quota);
+            offsets_[w + 1] = cut_count(quota.data(), strata_.classes().uppers().data(), classes, rule_);
         }
     });
     for (std::uint64_t w = 0; w < windows; ++w) offsets_[w + 1] += offsets_[w];
-}
-
-std::uint64_t LengthLayout::quota_before(std::uint64_t w, std::uint32_t b) const noexcept {
-    __extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
-    return static_cast<std::uint64_t>(static_cast<u128>(class_count_[b]) * window_start(w) / lengths_.n);
 }
 
 std::uint64_t LengthLayout::window_of(std::uint64_t g) const noexcept {
@@ -354,21 +265,8 @@ LengthEpoch::LengthEpoch(std::shared_ptr<const LengthLayout> layout, std::uint64
       epoch_(epoch),
       perm_(layout_->num_items(), derive_key(kLengthDomain, layout_->num_items(), seed, epoch)) {
     if (!layout_->stratified()) return;
-    // One scan of the epoch's order: each class's count in every window's range of positions,
-    // then prefix sums. Windows in parallel.
     const LengthLayout& L = *layout_;
-    const std::uint64_t windows = L.num_windows();
-    const std::uint32_t classes = L.num_classes();
-    prefix_.assign(static_cast<std::size_t>((windows + 1) * classes), 0);
-    parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            std::uint64_t* row = prefix_.data() + (w + 1) * classes;
-            walk_order(L.lengths(), perm_, L.window_start(w), L.window_start(w + 1),
-                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) { ++row[L.class_of(v)]; });
-        }
-    });
-    for (std::uint64_t w = 1; w <= windows; ++w)
-        for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
+    prefix_ = ClassPrefix(L.strata(), L.lengths(), perm_, [&L](std::uint64_t v) { return L.class_of(v); }, threads);
 }
 
 void LengthEpoch::gather_window(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
@@ -395,37 +293,11 @@ constexpr std::uint64_t kMaxWalked = std::uint64_t{1} << 22;
 
 void LengthEpoch::gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
     const LengthLayout& L = *layout_;
-    const std::uint64_t windows = L.num_windows();
-    const std::uint32_t classes = L.num_classes();
-    // Class b's items of window w are those of class rank [lo[b], hi[b]) in the epoch's order.
-    // The ranges of the order holding them: from the last range starting at a rank <= lo[b] to
-    // the last starting at a rank <= hi[b] - 1 (binary searches down the prefix histogram).
-    std::vector<std::uint64_t> lo(classes), hi(classes);
-    std::uint64_t first = windows, last = 0;  // ranges [first, last] of the order to read
-    const auto range_of = [&](std::uint32_t b, std::uint64_t rank) {
-        std::uint64_t a = 0, z = windows;  // the last k with prefix(k) <= rank: prefix(0) = 0
-        while (a < z) {
-            const std::uint64_t mid = a + (z - a + 1) / 2;
-            if (prefix_[mid * classes + b] <= rank) a = mid;
-            else z = mid - 1;
-        }
-        return a;
-    };
-    for (std::uint32_t b = 0; b < classes; ++b) {
-        lo[b] = L.quota_before(w, b);
-        hi[b] = L.quota_before(w + 1, b);
-        if (hi[b] == lo[b]) continue;
-        first = std::min(first, range_of(b, lo[b]));
-        last = std::max(last, range_of(b, hi[b] - 1));
-    }
-    if (first > last) return;
-    const std::uint64_t p0 = L.window_start(first), p1 = L.window_start(last + 1);
-    std::vector<std::uint64_t> rank(prefix_.begin() + static_cast<std::ptrdiff_t>(first * classes),
-                                    prefix_.begin() + static_cast<std::ptrdiff_t>((first + 1) * classes));
+    WindowRanks ranks = prefix_.window_ranks(L.strata(), w);
+    const std::uint64_t p0 = ranks.p0, p1 = ranks.p1;
+    if (p0 == p1) return;
     const auto take = [&](std::uint64_t item, std::uint64_t v) {
-        const std::uint32_t b = L.class_of(v);
-        const std::uint64_t r = rank[b]++;
-        if (r >= lo[b] && r < hi[b]) {
+        if (ranks.take(L.class_of(v))) {
             out.items.push_back(item);
             lens.push_back(v);
         }

@@ -43,22 +43,12 @@
 #include "fastshard/feistel.hpp"
 #include "fastshard/mix.hpp"
 #include "fastshard/plan.hpp"
+#include "fastshard/stratify.hpp"
 
 namespace fastshard {
 
 // Domain separator of the length-grouped keys (the items' order and the batches' order).
 constexpr std::uint64_t kLengthDomain = 0x4c454e47;  // "LENG"
-
-// The integer types a lengths array may have.
-enum class LengthType { i8, i16, i32, i64, u8, u16, u32, u64 };
-
-// A read-only view of the caller's lengths; never copied. Signed values must have been
-// checked non-negative (scan_lengths) before any other use.
-struct Lengths {
-    const void* data = nullptr;
-    LengthType type = LengthType::i64;
-    std::uint64_t n = 0;
-};
 
 // One pass over the lengths: the first negative index (-1 if none), the largest, the sum
 // (as a double: only for estimates) and a position-sensitive 64-bit checksum of the values
@@ -126,33 +116,29 @@ class LengthLayout {
     std::uint64_t num_items() const noexcept { return lengths_.n; }
     std::uint64_t num_batches() const noexcept { return offsets_.back(); }
     std::uint64_t num_windows() const noexcept { return offsets_.size() - 1; }
-    std::uint64_t window_size() const noexcept { return window_; }
+    std::uint64_t window_size() const noexcept { return strata_.window_size(); }
     // Batches of window w: offsets [w], [w + 1] in G.
     std::uint64_t window_offset(std::uint64_t w) const noexcept { return offsets_[w]; }
     // The window holding global batch g (< num_batches()).
     std::uint64_t window_of(std::uint64_t g) const noexcept;
     // First position of window w in the epoch's order (also the class quotas' s_w).
-    std::uint64_t window_start(std::uint64_t w) const noexcept {
-        return w * window_ < lengths_.n ? w * window_ : lengths_.n;
-    }
+    std::uint64_t window_start(std::uint64_t w) const noexcept { return strata_.window_start(w); }
 
     // Length classes (max_tokens only; 0 classes with batch_size).
     bool stratified() const noexcept { return rule_.max_tokens != 0; }
-    std::uint32_t num_classes() const noexcept { return static_cast<std::uint32_t>(class_count_.size()); }
+    std::uint32_t num_classes() const noexcept { return strata_.num_classes(); }
     std::uint32_t class_of(std::uint64_t length) const noexcept {
-        return fine_to_class_[fine_bucket(length == 0 ? 1 : length)];
+        return strata_.classes().of_key(fine_bucket(length == 0 ? 1 : length));
     }
-    std::uint64_t class_upper(std::uint32_t b) const noexcept { return class_upper_[b]; }
-    std::uint64_t class_count(std::uint32_t b) const noexcept { return class_count_[b]; }
-    // Class-b items of windows before w: floor(c_b s_w / n).
-    std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
+    std::uint64_t class_upper(std::uint32_t b) const noexcept { return strata_.classes().upper(b); }
+    std::uint64_t class_count(std::uint32_t b) const noexcept { return strata_.classes().count(b); }
+    // The windows and the classes' quotas (stratify.hpp).
+    const Strata& strata() const noexcept { return strata_; }
 
   private:
     Lengths lengths_;
     BatchRule rule_;
-    std::uint64_t window_;
-    std::vector<std::uint32_t> fine_to_class_;
-    std::vector<std::uint64_t> class_count_, class_upper_;
+    Strata strata_;
     std::vector<std::uint64_t> offsets_;  // num_windows + 1
 };
 
@@ -176,8 +162,8 @@ class LengthEpoch {
     std::shared_ptr<const LengthLayout> layout_;
     std::uint64_t seed_, epoch_;
     Feistel perm_;
-    // With max_tokens: prefix_[k * classes + b] = class-b items at positions [0, window_start(k)).
-    std::vector<std::uint64_t> prefix_;
+    // With max_tokens: the epoch's prefix class histograms.
+    ClassPrefix prefix_;
 };
 
 // A rank's share of an epoch's batches, through the shared Plan (plan.n = the number of

@@ -16,62 +16,7 @@ namespace {
 
 __extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
 
-// Calls f with a null pointer of the lengths' element type. (length.cpp has the same dispatch
-// in its anonymous namespace; once branch length-count lands, both can share one header.)
-template <class F>
-decltype(auto) with_type(LengthType type, F&& f) {
-    switch (type) {
-        case LengthType::i8: return f(static_cast<const std::int8_t*>(nullptr));
-        case LengthType::i16: return f(static_cast<const std::int16_t*>(nullptr));
-        case LengthType::i32: return f(static_cast<const std::int32_t*>(nullptr));
-        case LengthType::i64: return f(static_cast<const std::int64_t*>(nullptr));
-        case LengthType::u8: return f(static_cast<const std::uint8_t*>(nullptr));
-        case LengthType::u16: return f(static_cast<const std::uint16_t*>(nullptr));
-        case LengthType::u32: return f(static_cast<const std::uint32_t*>(nullptr));
-        case LengthType::u64: break;
-    }
-    return f(static_cast<const std::uint64_t*>(nullptr));
-}
-
-std::uint64_t length_at(const Lengths& lengths, std::uint64_t i) {
-    return with_type(lengths.type, [&](auto tag) {
-        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-        return static_cast<std::uint64_t>(static_cast<const T*>(lengths.data)[i]);  // checked > 0
-    });
-}
-
-// Calls f(position, document, length) for the order's positions [first, last) while f returns
-// true; returns false if f stopped it.
-template <class F>
-bool walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first, std::uint64_t last, F&& f) {
-    constexpr std::uint64_t kBlock = 256;
-    std::uint64_t buf[kBlock];
-    return with_type(lengths.type, [&](auto tag) {
-        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-        const T* data = static_cast<const T*>(lengths.data);
-        for (std::uint64_t p0 = first; p0 < last; p0 += kBlock) {
-            const std::size_t len = static_cast<std::size_t>(std::min(kBlock, last - p0));
-            for (std::size_t i = 0; i < len; ++i) buf[i] = p0 + i;
-            perm.apply(buf, len);  // positions -> the epoch's documents
-            for (std::size_t i = 0; i < len; ++i)
-                if (!f(p0 + i, buf[i], static_cast<std::uint64_t>(data[buf[i]]))) return false;
-        }
-        return true;
-    });
-}
-
 constexpr std::uint64_t kScanBlock = 1 << 16;
-
-// Fewest documents per length class: the rule measured for LengthGroupedBatchSampler's
-// stratified windows (branch length-count, bench/RESULTS.md there). A class of c documents sits
-// about n / (2 sqrt(c)) positions from its quota at a window boundary, and a window reads its own
-// range of the order plus the largest such deviation on either side; windows^2 / 32 keeps that
-// to a few windows. Small epochs keep every exact length.
-std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
-    if (windows <= (std::uint64_t{1} << 24) / n) return 1;
-    const std::uint64_t by_windows = windows > 0xffffffffULL ? ~std::uint64_t{0} : windows * windows / 32;
-    return std::max<std::uint64_t>(1, std::min(by_windows, n / 32));
-}
 
 // Best-fit decreasing over sizes given in decreasing order: each goes into the open row with the
 // least room that still holds it (ties: the oldest row), else opens a row. place(i, row).
@@ -173,20 +118,8 @@ OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t 
                      Weight weight, unsigned threads)
     : lengths_(&lengths), perm_(&perm), window_(window), seq_len_(seq_len), kind_(weight) {
     if (window == 0) throw std::invalid_argument("window must be >= 1");
-    const std::uint64_t n = lengths.n;
-    const std::uint64_t windows = (n + window - 1) / window;
-    prefix_.assign(static_cast<std::size_t>(windows) + 1, 0);
-    parallel_for(windows, threads, 16, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            std::uint64_t sum = 0;
-            walk_order(lengths, perm, w * window, std::min(n, (w + 1) * window),
-                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) {
-                           sum += this->weight(v);
-                           return true;
-                       });
-            prefix_[static_cast<std::size_t>(w) + 1] = sum;
-        }
-    });
+    prefix_ = window_sums(lengths, perm, window, 1, threads,
+                          [this](std::uint64_t* row, std::uint64_t v) { *row += this->weight(v); });
     for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
 }
 
@@ -244,7 +177,7 @@ void ConcatEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>&) co
 
 PackLayout::PackLayout(const Lengths& lengths, std::uint64_t seq_len, bool split, std::uint64_t window,
                        unsigned threads, std::uint64_t min_class_items)
-    : lengths_(lengths), seq_len_(seq_len), split_(split), window_(window) {
+    : lengths_(lengths), seq_len_(seq_len), split_(split), strata_(lengths.n, window) {
     if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
     if (window == 0) throw std::invalid_argument("window must be >= 1");
     const PackedScan scan = scan_packed(lengths, seq_len, true, split, threads);
@@ -253,54 +186,27 @@ PackLayout::PackLayout(const Lengths& lengths, std::uint64_t seq_len, bool split
     truncated_tokens_ = scan.truncated_tokens;
     const std::uint64_t n = lengths.n;
     const std::uint64_t windows = (n - 1) / window + 1;
-    // Classes: occupied packing lengths in increasing order, merged upwards until each holds at
-    // least min_items documents; a short last class joins the one before it.
-    const std::uint64_t min_items = min_class_items != 0 ? min_class_items : class_min_items(n, windows);
-    e_to_class_.assign(static_cast<std::size_t>(seq_len) + 1, 0);
-    std::uint64_t open = 0;
-    for (std::uint64_t e = 1; e <= seq_len; ++e) {
-        const std::uint64_t c = scan.histogram[static_cast<std::size_t>(e)];
-        packed_tokens_ += c * e;
-        if (c == 0) {
-            e_to_class_[static_cast<std::size_t>(e)] = static_cast<std::uint32_t>(class_count_.size());
-            continue;
-        }
-        if (class_count_.empty() || open >= min_items) {
-            class_count_.push_back(0);
-            class_upper_.push_back(0);
-        }
-        e_to_class_[static_cast<std::size_t>(e)] = static_cast<std::uint32_t>(class_count_.size() - 1);
-        class_count_.back() += c;
-        class_upper_.back() = e;
-        open = class_count_.back();
-    }
-    if (class_count_.size() > 1 && class_count_.back() < min_items) {
-        const auto last = static_cast<std::uint32_t>(class_count_.size() - 1);
-        for (auto& c : e_to_class_)
-            if (c >= last) c = last - 1;
-        class_count_[last - 1] += class_count_[last];
-        class_upper_[last - 1] = class_upper_[last];
-        class_count_.pop_back();
-        class_upper_.pop_back();
-    }
+    // Classes: occupied packing lengths in increasing order, merged upwards (stratify.hpp); the
+    // bound of a packing length is itself.
+    std::vector<std::uint64_t> uppers(scan.histogram.size());
+    std::iota(uppers.begin(), uppers.end(), std::uint64_t{0});
+    for (std::size_t e = 1; e < scan.histogram.size(); ++e) packed_tokens_ += scan.histogram[e] * e;
+    strata_.set_classes(
+        LengthClasses(scan.histogram, uppers, min_class_items != 0 ? min_class_items : class_min_items(n, windows)));
     // Each window's row count from its class quotas alone: the same in every epoch.
     offsets_.assign(static_cast<std::size_t>(windows) + 1, 0);
     const std::uint32_t classes = num_classes();
     parallel_for(windows, threads, 4, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+        std::vector<std::uint64_t> quota;
         for (std::uint64_t w = w0; w < w0 + count; ++w) {
             BestFit fit(seq_len);
-            for (std::uint32_t b = classes; b-- > 0;) {
-                const std::uint64_t q = quota_before(w + 1, b) - quota_before(w, b);
-                for (std::uint64_t k = 0; k < q; ++k) fit.add(class_upper_[b]);
-            }
+            strata_.quotas(w, quota);
+            for (std::uint32_t b = classes; b-- > 0;)
+                for (std::uint64_t k = 0; k < quota[b]; ++k) fit.add(class_upper(b));
             offsets_[static_cast<std::size_t>(w) + 1] = fit.rows();
         }
     });
     for (std::size_t w = 1; w < offsets_.size(); ++w) offsets_[w] += offsets_[w - 1];
-}
-
-std::uint64_t PackLayout::quota_before(std::uint64_t w, std::uint32_t b) const noexcept {
-    return static_cast<std::uint64_t>(static_cast<u128>(class_count_[b]) * window_start(w) / lengths_.n);
 }
 
 std::uint64_t PackLayout::window_of(std::uint64_t p) const noexcept {
@@ -315,23 +221,8 @@ BestFitEpoch::BestFitEpoch(std::shared_ptr<const PackLayout> layout, std::uint64
       seed_(seed),
       epoch_(epoch),
       perm_(layout_->lengths().n, derive_key(kPackedDomain, layout_->lengths().n, seed, epoch)) {
-    // One scan of the epoch's order: each class's count in every window's range of positions.
     const PackLayout& L = *layout_;
-    const std::uint64_t windows = L.num_windows();
-    const std::uint32_t classes = L.num_classes();
-    prefix_.assign(static_cast<std::size_t>((windows + 1) * classes), 0);
-    parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            std::uint64_t* row = prefix_.data() + (w + 1) * classes;
-            walk_order(L.lengths(), perm_, L.window_start(w), L.window_start(w + 1),
-                       [&](std::uint64_t, std::uint64_t, std::uint64_t v) {
-                           ++row[L.class_of(v)];
-                           return true;
-                       });
-        }
-    });
-    for (std::uint64_t w = 1; w <= windows; ++w)
-        for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
+    prefix_ = ClassPrefix(L.strata(), L.lengths(), perm_, [&L](std::uint64_t v) { return L.class_of(v); }, threads);
     if (L.full_rows() != 0)
         full_ = std::make_unique<OrderSums>(L.lengths(), perm_, L.window_size(), L.seq_len(),
                                             OrderSums::Weight::full_pieces, threads);
@@ -339,43 +230,16 @@ BestFitEpoch::BestFitEpoch(std::shared_ptr<const PackLayout> layout, std::uint64
 
 void BestFitEpoch::gather(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint32_t>& cls) const {
     const PackLayout& L = *layout_;
-    const std::uint64_t windows = L.num_windows();
-    const std::uint32_t classes = L.num_classes();
-    // Class b's documents of window w are those of class rank [lo[b], hi[b]) in the epoch's
-    // order; the windows of the order holding them come from binary searches down the prefix.
-    std::vector<std::uint64_t> lo(classes), hi(classes);
-    std::uint64_t first = windows, last = 0;
-    const auto range_of = [&](std::uint32_t b, std::uint64_t rank) {
-        std::uint64_t a = 0, z = windows;  // the last k with prefix(k) <= rank
-        while (a < z) {
-            const std::uint64_t mid = a + (z - a + 1) / 2;
-            if (prefix_[mid * classes + b] <= rank) a = mid;
-            else z = mid - 1;
-        }
-        return a;
-    };
-    for (std::uint32_t b = 0; b < classes; ++b) {
-        lo[b] = L.quota_before(w, b);
-        hi[b] = L.quota_before(w + 1, b);
-        if (hi[b] == lo[b]) continue;
-        first = std::min(first, range_of(b, lo[b]));
-        last = std::max(last, range_of(b, hi[b] - 1));
-    }
+    WindowRanks ranks = prefix_.window_ranks(L.strata(), w);
     docs.clear();
     cls.clear();
-    if (first > last) return;
-    std::vector<std::uint64_t> rank(prefix_.begin() + static_cast<std::ptrdiff_t>(first * classes),
-                                    prefix_.begin() + static_cast<std::ptrdiff_t>((first + 1) * classes));
-    walk_order(L.lengths(), perm_, L.window_start(first), L.window_start(last + 1),
-               [&](std::uint64_t, std::uint64_t doc, std::uint64_t v) {
-                   const std::uint32_t b = L.class_of(v);
-                   const std::uint64_t r = rank[b]++;
-                   if (r >= lo[b] && r < hi[b]) {
-                       docs.push_back(doc);
-                       cls.push_back(b);
-                   }
-                   return true;
-               });
+    walk_order(L.lengths(), perm_, ranks.p0, ranks.p1, [&](std::uint64_t, std::uint64_t doc, std::uint64_t v) {
+        const std::uint32_t b = L.class_of(v);
+        if (ranks.take(b)) {
+            docs.push_back(doc);
+            cls.push_back(b);
+        }
+    });
 }
 
 void BestFitEpoch::build(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint64_t>& starts) const {

@@ -32,6 +32,7 @@
 #include "fastshard/feistel.hpp"
 #include "fastshard/length.hpp"
 #include "fastshard/plan.hpp"
+#include "fastshard/stratify.hpp"
 
 namespace fastshard {
 
@@ -114,11 +115,9 @@ class PackLayout {
     const Lengths& lengths() const noexcept { return lengths_; }
     std::uint64_t seq_len() const noexcept { return seq_len_; }
     bool split() const noexcept { return split_; }
-    std::uint64_t window_size() const noexcept { return window_; }
+    std::uint64_t window_size() const noexcept { return strata_.window_size(); }
     std::uint64_t num_windows() const noexcept { return offsets_.size() - 1; }
-    std::uint64_t window_start(std::uint64_t w) const noexcept {
-        return w * window_ < lengths_.n ? w * window_ : lengths_.n;
-    }
+    std::uint64_t window_start(std::uint64_t w) const noexcept { return strata_.window_start(w); }
     std::uint64_t packed_rows() const noexcept { return offsets_.back(); }
     std::uint64_t full_rows() const noexcept { return full_rows_; }
     std::uint64_t num_rows() const noexcept { return packed_rows() + full_rows_; }
@@ -133,19 +132,20 @@ class PackLayout {
         if (v <= seq_len_) return v;
         return split_ ? v - (v - 1) / seq_len_ * seq_len_ : seq_len_;
     }
-    std::uint32_t num_classes() const noexcept { return static_cast<std::uint32_t>(class_count_.size()); }
-    std::uint32_t class_of(std::uint64_t v) const noexcept { return e_to_class_[packing_length(v)]; }
-    std::uint64_t class_upper(std::uint32_t b) const noexcept { return class_upper_[b]; }
-    std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
+    std::uint32_t num_classes() const noexcept { return strata_.num_classes(); }
+    std::uint32_t class_of(std::uint64_t v) const noexcept {
+        return strata_.classes().of_key(static_cast<std::size_t>(packing_length(v)));
+    }
+    std::uint64_t class_upper(std::uint32_t b) const noexcept { return strata_.classes().upper(b); }
+    // The windows and the classes' quotas (stratify.hpp).
+    const Strata& strata() const noexcept { return strata_; }
 
   private:
     Lengths lengths_;
     std::uint64_t seq_len_;
     bool split_;
-    std::uint64_t window_;
+    Strata strata_;
     std::uint64_t full_rows_ = 0, truncated_tokens_ = 0, packed_tokens_ = 0;
-    std::vector<std::uint32_t> e_to_class_;  // seq_len + 1
-    std::vector<std::uint64_t> class_count_, class_upper_;
     std::vector<std::uint64_t> offsets_;  // num_windows + 1: packed rows before each window
 };
 
@@ -164,7 +164,7 @@ class BestFitEpoch final : public RowSource {
     std::shared_ptr<const PackLayout> layout_;
     std::uint64_t seed_, epoch_;
     Feistel perm_;
-    std::vector<std::uint64_t> prefix_;  // (windows + 1) x classes
+    ClassPrefix prefix_;
     std::unique_ptr<OrderSums> full_;    // split only
 };
 

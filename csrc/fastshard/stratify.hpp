@@ -1,0 +1,259 @@
+// Stratified windows of an epoch's order: the machinery LengthGroupedBatchSampler's token budget
+// (length.hpp) and PackedSampler's best_fit (packed.hpp) share, so that the index arithmetic
+// lives once.
+//
+// - Lengths: the caller's integer array read in place, whatever its integer type.
+// - LengthClasses: a histogram of keys (in increasing length order) merged upwards into classes
+//   of at least min_items items; a class's bound is the largest rule length of its items.
+// - Strata: windows of wsize positions of the epoch's order; window w gets a fixed quota of each
+//   class b, the class-b items of class rank [floor(c_b s_w / n), floor(c_b s_{w+1} / n)) in the
+//   order (s_w = min(w * wsize, n)), so that a window's contents by class, and so everything
+//   counted from them, are the same in every epoch.
+// - ClassPrefix: one scan per epoch giving each class's count before every window boundary of
+//   the order; a window's class ranks are then read from the few ranges of the order holding
+//   them (WindowRanks), without a per-item index.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fastshard/feistel.hpp"
+#include "fastshard/parallel.hpp"
+
+namespace fastshard {
+
+// The integer types a lengths array may have.
+enum class LengthType { i8, i16, i32, i64, u8, u16, u32, u64 };
+
+// A read-only view of the caller's lengths; never copied. Signed values must have been
+// checked non-negative before any other use.
+struct Lengths {
+    const void* data = nullptr;
+    LengthType type = LengthType::i64;
+    std::uint64_t n = 0;
+};
+
+// Calls f with a null pointer of the lengths' element type.
+template <class F>
+decltype(auto) with_type(LengthType type, F&& f) {
+    switch (type) {
+        case LengthType::i8: return f(static_cast<const std::int8_t*>(nullptr));
+        case LengthType::i16: return f(static_cast<const std::int16_t*>(nullptr));
+        case LengthType::i32: return f(static_cast<const std::int32_t*>(nullptr));
+        case LengthType::i64: return f(static_cast<const std::int64_t*>(nullptr));
+        case LengthType::u8: return f(static_cast<const std::uint8_t*>(nullptr));
+        case LengthType::u16: return f(static_cast<const std::uint16_t*>(nullptr));
+        case LengthType::u32: return f(static_cast<const std::uint32_t*>(nullptr));
+        case LengthType::u64: break;
+    }
+    return f(static_cast<const std::uint64_t*>(nullptr));
+}
+
+// Calls f(typed data pointer) with the lengths' data at its element type.
+template <class F>
+decltype(auto) with_data(const Lengths& lengths, F&& f) {
+    return with_type(lengths.type, [&](auto tag) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+        return f(static_cast<const T*>(lengths.data));
+    });
+}
+
+inline std::uint64_t length_at(const Lengths& lengths, std::uint64_t i) {
+    return with_data(lengths, [&](const auto* data) { return static_cast<std::uint64_t>(data[i]); });  // checked
+}
+
+// Calls f(position, item, length) for the order's positions [first, last), in order; f returns
+// void, or bool (false stops the walk). Returns false if f stopped it.
+template <class F>
+bool walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first, std::uint64_t last, F&& f) {
+    constexpr std::uint64_t kBlock = 256;
+    std::uint64_t buf[kBlock];
+    return with_data(lengths, [&](const auto* data) {
+        for (std::uint64_t p0 = first; p0 < last; p0 += kBlock) {
+            const std::size_t len = static_cast<std::size_t>(std::min(kBlock, last - p0));
+            for (std::size_t i = 0; i < len; ++i) buf[i] = p0 + i;
+            perm.apply(buf, len);  // positions -> the epoch's items
+            for (std::size_t i = 0; i < len; ++i) {
+                const auto v = static_cast<std::uint64_t>(data[buf[i]]);  // checked >= 0
+                if constexpr (std::is_void_v<decltype(f(p0 + i, buf[i], v))>) {
+                    f(p0 + i, buf[i], v);
+                } else if (!f(p0 + i, buf[i], v)) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    });
+}
+
+// Per-window sums over an epoch's order: row w + 1 of the (windows + 1) x width result is what
+// add(row, length) put in for the items at positions [w * window, (w + 1) * window) of the order
+// (row 0 stays zero, ready for prefix sums). Integer sums, so the result does not depend on the
+// order of the additions.
+//
+// The lengths are read sequentially and each item i placed at its position P^-1(i) (the network
+// decrypted), into its window's row: n sequential reads and n scattered adds into a table of
+// n / window rows, instead of n reads of the lengths at random places. Threads take parts of the
+// items, each with a table of its own (part 0 adds into the result), as long as all the tables
+// together stay under max(2^21 words, n / 32 words); threads are dropped to fit, and where not
+// even one extra table fits, threads take windows and walk their positions instead.
+template <class Add>
+std::vector<std::uint64_t> window_sums(const Lengths& lengths, const Feistel& perm, std::uint64_t window,
+                                       std::uint32_t width, unsigned threads, Add&& add) {
+    const std::uint64_t n = lengths.n;
+    const std::uint64_t windows = n == 0 ? 0 : (n - 1) / window + 1;
+    const std::uint64_t words = (windows + 1) * width;
+    std::vector<std::uint64_t> out(static_cast<std::size_t>(words), 0);
+    if (threads == 0) threads = default_threads();
+    const std::uint64_t budget = std::max<std::uint64_t>(std::uint64_t{1} << 21, n / 32);
+    const std::uint64_t fit = budget / (words == 0 ? 1 : words);
+    if (fit == 0) {
+        parallel_for(windows, threads, 1, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
+            for (std::uint64_t w = w0; w < w0 + count; ++w) {
+                std::uint64_t* row = out.data() + (w + 1) * width;
+                walk_order(lengths, perm, w * window, std::min(n, (w + 1) * window),
+                           [&](std::uint64_t, std::uint64_t, std::uint64_t v) { add(row, v); });
+            }
+        });
+        return out;
+    }
+    const auto parts_max = static_cast<unsigned>(std::min<std::uint64_t>(threads, fit));
+    std::vector<std::vector<std::uint64_t>> tables(parts_max);
+    const bool pow2 = (window & (window - 1)) == 0;
+    unsigned shift = 0;
+    while (pow2 && (std::uint64_t{1} << shift) < window) ++shift;
+    constexpr std::uint64_t kBlock = 1024;
+    const unsigned parts = with_data(lengths, [&](const auto* data) {
+        return parallel_for(n, parts_max, std::uint64_t{1} << 16, [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
+            std::uint64_t* table = out.data();
+            if (part != 0) {
+                tables[part].assign(static_cast<std::size_t>(words), 0);
+                table = tables[part].data();
+            }
+            std::uint64_t pos[kBlock];
+            for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
+                const std::size_t len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
+                for (std::size_t k = 0; k < len; ++k) pos[k] = b0 + k;
+                perm.invert(pos, len);  // items -> their positions in the epoch's order
+                for (std::size_t k = 0; k < len; ++k) {
+                    const std::uint64_t w = pow2 ? pos[k] >> shift : pos[k] / window;
+                    add(table + (w + 1) * width, static_cast<std::uint64_t>(data[b0 + k]));  // checked >= 0
+                }
+            }
+        });
+    });
+    for (unsigned part = 1; part < parts; ++part)
+        for (std::size_t k = 0; k < out.size(); ++k) out[k] += tables[part][k];
+    return out;
+}
+
+// Fewest items per length class by default (measured: bench/RESULTS.md). A window's quota of a
+// class must come from near the window's own range of the order, or gathering it reads far
+// ranges: a class of c items sits, at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c))
+// positions, from its quota, and a window reads its own range plus the largest deviation of its
+// classes on either side. Merging costs batches (rows), though: a merged class's bound is its
+// largest length. At 1e7 lognormal lengths in 245 windows, classes of >= windows^2 / 32 items
+// read 11 windows per window for 0.8% more batches than a cut on the actual lengths; >=
+// windows^2 / 8, 7 windows for 3.3% more; >= windows^2 / 2, 5 windows for 14% more. Small epochs
+// (windows * n <= 2^24 positions: reading all of them for every window costs a few tenths of a
+// second) keep every key, and at least 32 classes stay possible whatever the number of windows.
+std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows);
+
+// Length classes over keys 0 .. K-1 in increasing length order.
+class LengthClasses {
+  public:
+    LengthClasses() = default;
+    // counts[k]: items of key k; uppers[k]: the largest rule length among them. Occupied keys in
+    // order are merged upwards until each class holds at least min_items; a short last class
+    // joins the one before it. An empty key maps to the class above it (the last class past the
+    // top): never looked up unless the lengths change under a sampler, and then still a valid
+    // class, so the mismatch is caught by a count check rather than read out of bounds.
+    LengthClasses(const std::vector<std::uint64_t>& counts, const std::vector<std::uint64_t>& uppers,
+                  std::uint64_t min_items);
+
+    std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(count_.size()); }
+    std::uint32_t of_key(std::size_t key) const noexcept { return key_to_class_[key]; }
+    std::uint64_t count(std::uint32_t b) const noexcept { return count_[b]; }
+    std::uint64_t upper(std::uint32_t b) const noexcept { return upper_[b]; }
+    const std::vector<std::uint64_t>& uppers() const noexcept { return upper_; }
+
+  private:
+    std::vector<std::uint32_t> key_to_class_;
+    std::vector<std::uint64_t> count_, upper_;
+};
+
+// Windows of the order and each class's quota per window.
+class Strata {
+  public:
+    Strata(std::uint64_t n, std::uint64_t window) : n_(n), window_(window) {}
+
+    std::uint64_t num_items() const noexcept { return n_; }
+    std::uint64_t window_size() const noexcept { return window_; }
+    std::uint64_t num_windows() const noexcept { return n_ == 0 ? 0 : (n_ - 1) / window_ + 1; }
+    // First position of window w in the epoch's order (also the quotas' s_w).
+    std::uint64_t window_start(std::uint64_t w) const noexcept { return w * window_ < n_ ? w * window_ : n_; }
+
+    const LengthClasses& classes() const noexcept { return classes_; }
+    void set_classes(LengthClasses classes) { classes_ = std::move(classes); }
+    std::uint32_t num_classes() const noexcept { return classes_.size(); }
+    // Class-b items of windows before w: floor(c_b s_w / n).
+    std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
+    // Window w's quota of every class, into quota (resized to the number of classes).
+    void quotas(std::uint64_t w, std::vector<std::uint64_t>& quota) const;
+
+  private:
+    std::uint64_t n_, window_;
+    LengthClasses classes_;
+};
+
+// Window w's class ranks in an epoch's order: read positions [p0, p1) of the order, in order,
+// and call take(class) for each item; it says whether the item is one of window w's.
+class WindowRanks {
+  public:
+    std::uint64_t p0 = 0, p1 = 0;
+    bool take(std::uint32_t b) noexcept {
+        const std::uint64_t r = rank_[b]++;
+        return r >= lo_[b] && r < hi_[b];
+    }
+
+  private:
+    friend class ClassPrefix;
+    std::vector<std::uint64_t> lo_, hi_, rank_;
+};
+
+// An epoch's prefix class histograms: prefix[k * classes + b] = class-b items at positions
+// [0, window_start(k)) of the epoch's order. Memory: (windows + 1) x classes words.
+class ClassPrefix {
+  public:
+    ClassPrefix() = default;
+    // class_of(length) -> class; one threaded scan of the order.
+    template <class ClassOf>
+    ClassPrefix(const Strata& strata, const Lengths& lengths, const Feistel& perm, ClassOf&& class_of,
+                unsigned threads);
+
+    // Which positions of the order hold window w's quotas, and the ranks to count from there.
+    WindowRanks window_ranks(const Strata& strata, std::uint64_t w) const;
+
+  private:
+    std::uint32_t classes_ = 0;
+    std::uint64_t windows_ = 0;
+    std::vector<std::uint64_t> prefix_;
+};
+
+template <class ClassOf>
+ClassPrefix::ClassPrefix(const Strata& strata, const Lengths& lengths, const Feistel& perm, ClassOf&& class_of,
+                         unsigned threads)
+    : classes_(strata.num_classes()), windows_(strata.num_windows()) {
+    const std::uint32_t classes = classes_;
+    // Each class's count in every window's range of positions, then prefix sums.
+    prefix_ = window_sums(lengths, perm, strata.window_size(), classes, threads,
+                          [&](std::uint64_t* row, std::uint64_t v) { ++row[class_of(v)]; });
+    for (std::uint64_t w = 1; w <= windows_; ++w)
+        for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
+}
+
+}  // namespace fastshard
