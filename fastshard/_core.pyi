@@ -37,6 +37,7 @@ class Shard:
         window: int = 1,
         shuffle: bool = True,
         round: Round | None = None,
+        torch_shuffle: str = "auto",
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

@@ -10,7 +10,7 @@ import numpy as np
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
-from . import _core, _distributed, _frameworks, _state, _validate, _world
+from . import _core, _distributed, _frameworks, _state, _torch_shuffle, _validate, _world
 from ._warnings import EpochWarning
 
 ORDERS = ("feistel", "torch", "block")
@@ -443,6 +443,9 @@ class DistributedSampler(_ShardSampler):
                 shuffle=self.shuffle,
                 round=self._round,
             )
+        elif self.order == "torch" and self.shuffle:
+            # torch's own shuffle for large n changed in 2.6: follow the installed torch
+            extra = dict(torch_shuffle=_torch_shuffle.shard_argument())
         order = self.order if self.shuffle or extra else "identity"
         return _core.Shard(
             self._n,

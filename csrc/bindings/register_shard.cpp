@@ -26,6 +26,15 @@ fastshard::Order parse_order(const std::string& name) {
     throw py::value_error("order must be 'feistel', 'identity', 'torch' or 'block', got '" + name + "'");
 }
 
+fastshard::TorchAlgorithm parse_torch_shuffle(const std::string& name,
+                                              const char* what = "torch_shuffle") {
+    if (name == "auto") return fastshard::TorchAlgorithm::automatic;
+    if (name == "fisher_yates") return fastshard::TorchAlgorithm::fisher_yates;
+    if (name == "inside_out") return fastshard::TorchAlgorithm::inside_out;
+    throw py::value_error(std::string(what) + " must be 'auto', 'fisher_yates' or 'inside_out', got '" +
+                          name + "'");
+}
+
 // For tests of error paths: the identity order, except that filling a range that holds item
 // `fail_at` throws std::bad_alloc ("bad_alloc") or std::runtime_error ("runtime"), as a real
 // fill may run out of memory in any of the threads fill_parallel starts or on the caller.
@@ -83,16 +92,17 @@ PyShard make_block(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t ra
 PyShard make(std::uint64_t n, std::uint64_t num_replicas, std::uint64_t rank, bool drop_last,
              bool pad, std::uint64_t cursor, const std::string& order, std::uint64_t seed,
              std::uint64_t epoch, std::uint64_t block_size, std::uint64_t window, bool shuffle,
-             const std::optional<RoundTuple>& round) {
+             const std::optional<RoundTuple>& round, const std::string& torch_shuffle) {
     if (order == "block")
         return make_block(n, num_replicas, rank, drop_last, pad, cursor, seed, epoch, block_size, window,
                           shuffle, round);
     if (round) throw py::value_error("round is only for order='block'");
     const auto plan = checked_plan(n, num_replicas, rank, drop_last, pad, cursor);
     const auto kind = parse_order(order);
+    const auto algorithm = parse_torch_shuffle(torch_shuffle);
     // Safe without the GIL: only C++ values are involved. The torch order spends O(n) here.
     py::gil_scoped_release release;
-    return PyShard{fastshard::make_shard(plan, kind, seed, epoch)};
+    return PyShard{fastshard::make_shard(plan, kind, seed, epoch, algorithm)};
 }
 
 const fastshard::BlockShard* as_block(const PyShard& s) {
@@ -120,9 +130,12 @@ void register_shard(py::module_& m) {
              py::arg("drop_last"), py::arg("pad"), py::arg("cursor"), py::arg("order"),
              py::arg("seed"), py::arg("epoch"), py::kw_only(), py::arg("block_size") = 0,
              py::arg("window") = 1, py::arg("shuffle") = true, py::arg("round") = std::nullopt,
+             py::arg("torch_shuffle") = "auto",
              "order='block' reads block_size, window, shuffle (False: blocks in order, chunks "
              "unshuffled) and round (the interrupted round of a resume point); other orders "
-             "take 'identity' for no shuffle.")
+             "take 'identity' for no shuffle. order='torch' reads torch_shuffle: 'auto' "
+             "(torch >= 2.6), 'fisher_yates' (torch <= 2.5) or 'inside_out', the shuffle for "
+             "n >= 214,748,364.")
         .def("__len__", &PyShard::size)
         .def_property_readonly("num_samples", &PyShard::size)
         .def_property_readonly("total_size", [](const PyShard& s) { return s.shard->plan().total_size; })
@@ -173,11 +186,7 @@ void register_shard(py::module_& m) {
           "table_max and the given number of rounds (for studying the bare network; the public "
           "order uses the defaults).");
     m.def("torch_randperm", [](std::uint64_t n, std::uint32_t seed, const std::string& algorithm) {
-              fastshard::TorchAlgorithm a = fastshard::TorchAlgorithm::automatic;
-              if (algorithm == "fisher_yates") a = fastshard::TorchAlgorithm::fisher_yates;
-              else if (algorithm == "inside_out") a = fastshard::TorchAlgorithm::inside_out;
-              else if (algorithm != "auto")
-                  throw py::value_error("algorithm must be 'auto', 'fisher_yates' or 'inside_out'");
+              const auto a = parse_torch_shuffle(algorithm, "algorithm");
               if (n > (std::uint64_t{1} << 32)) throw py::value_error("n must be <= 2**32");
               if (a == fastshard::TorchAlgorithm::fisher_yates && n == (std::uint64_t{1} << 32))
                   throw py::value_error("fisher_yates needs n < 2**32");

@@ -40,12 +40,12 @@ void Shard::fill_parallel(std::uint64_t k0, std::uint64_t count, std::int64_t* o
 }
 
 std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint64_t seed,
-                                        std::uint64_t epoch) {
+                                        std::uint64_t epoch, TorchAlgorithm torch_shuffle) {
     switch (order) {
         case Order::identity:
             return std::make_shared<PermutationShard<Identity>>(plan, Identity{});
         case Order::torch:
-            return std::make_shared<TorchShard>(plan, torch_seed(seed, epoch));
+            return std::make_shared<TorchShard>(plan, torch_seed(seed, epoch), torch_shuffle);
         case Order::feistel:
             break;
     }

@@ -81,10 +81,21 @@ class PermutationShard final : public Shard {
 // permutation at construction: O(n) time and memory, unlike the others.
 enum class Order { feistel, identity, torch };
 
+// The shuffle of the torch order for n >= kTorchInsideOutFrom (torch_order.hpp), where torch
+// changed its algorithm in 2.6: `automatic` is torch >= 2.6's choice by n.
+enum class TorchAlgorithm {
+    automatic,     // torch >= 2.6: Fisher-Yates below kTorchInsideOutFrom, inside-out from it
+    fisher_yates,  // every n, as torch <= 2.5 (here for n <= 2^32)
+    inside_out,    // every n
+};
+
 // Domain separator of the feistel order's key (versioned with the order).
 constexpr std::uint64_t kFeistelDomain = 1;
 
+// `torch_shuffle` (order torch only): the shuffle for n >= kTorchInsideOutFrom, which depends on
+// the torch version being matched (torch_order.hpp).
 std::shared_ptr<const Shard> make_shard(const Plan& plan, Order order, std::uint64_t seed,
-                                        std::uint64_t epoch);
+                                        std::uint64_t epoch,
+                                        TorchAlgorithm torch_shuffle = TorchAlgorithm::automatic);
 
 }  // namespace fastshard

@@ -205,7 +205,8 @@ void randperm(T* out, std::uint64_t n, std::uint32_t seed, TorchAlgorithm algori
         throw std::invalid_argument("torch_randperm: n is too large for the item type");
     if (algorithm == TorchAlgorithm::fisher_yates) {
         if (n > std::numeric_limits<std::uint32_t>::max())
-            throw std::invalid_argument("torch_randperm: Fisher-Yates needs n < 2^32");
+            throw std::invalid_argument(
+                "torch_randperm: Fisher-Yates (torch <= 2.5 at any n) is implemented for n < 2^32 only");
         fisher_yates(out, static_cast<std::uint32_t>(n), seed);
     } else {
         inside_out(out, n, seed);
@@ -268,6 +269,10 @@ void torch_randperm(std::int64_t* out, std::uint64_t n, std::uint32_t seed,
 
 TorchShard::TorchShard(const Plan& plan, std::uint32_t seed, TorchAlgorithm algorithm)
     : Shard(plan) {
+    // Refused before the O(n) allocation rather than after it.
+    if (algorithm == TorchAlgorithm::fisher_yates && plan.n > std::numeric_limits<std::uint32_t>::max())
+        throw std::invalid_argument(
+            "order='torch' with torch <= 2.5 (Fisher-Yates at every n) is implemented for n < 2**32 only");
     if (plan.n <= kMax32)
         items32_ = keep_rank_items<std::uint32_t>(plan, seed, algorithm);
     else

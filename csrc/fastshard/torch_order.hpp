@@ -30,11 +30,7 @@ constexpr std::uint32_t torch_seed(std::uint64_t seed, std::uint64_t epoch) noex
     return static_cast<std::uint32_t>(seed + epoch);
 }
 
-enum class TorchAlgorithm {
-    automatic,     // what torch.randperm uses for this n
-    fisher_yates,  // forced (valid for n <= 2^32; torch itself uses it only below the switch)
-    inside_out,    // forced
-};
+// TorchAlgorithm: shard.hpp.
 
 // Writes torch.randperm(n) for a generator seeded with `seed` into out[0, n).
 // uint32_t storage requires n <= 2^32.
