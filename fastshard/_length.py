@@ -3,14 +3,13 @@ global sequence is a batch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from . import _core, _distributed, _frameworks, _validate
-from ._sampler import _ShardSampler
+from . import _core, _frameworks, _validate
+from ._sampler import _UnitSampler
 
 # Default sort window, in expected batches: each window is sorted by length and cut into
 # batches, so a window of k batches loses about 1/k of a batch's length spread to padding,
@@ -84,28 +83,7 @@ def _rule(batch_size: Any, max_tokens: Any, max_batch_size: Any) -> tuple[int, i
     return 0, tokens, cap
 
 
-class _BatchIterator(Iterator[list[int]]):
-    """A pass over a rank's batches; ``position`` is how many it has yielded."""
-
-    def __init__(self, shard: _core.LengthShard) -> None:
-        self._shard = shard
-        self.position = 0
-
-    def __iter__(self) -> _BatchIterator:
-        return self
-
-    def __next__(self) -> list[int]:
-        if self.position >= len(self._shard):
-            raise StopIteration
-        batch = self._shard.batch(self.position)
-        self.position += 1
-        return batch
-
-    def __length_hint__(self) -> int:
-        return len(self._shard) - self.position
-
-
-class LengthGroupedBatchSampler(_ShardSampler):
+class LengthGroupedBatchSampler(_UnitSampler):
     """Batches of items of similar length, by count or by a padded-token budget, for
     distributed training at any size. Use as ``DataLoader(dataset, batch_sampler=sampler)``.
 
@@ -311,42 +289,10 @@ class LengthGroupedBatchSampler(_ShardSampler):
         return state
 
     # -- access -----------------------------------------------------------------------------
-    def _length_shard(self) -> _core.LengthShard:
-        # The base class types its shard as a Shard; this sampler's are LengthShards.
-        return cast(_core.LengthShard, self._current())
+    _unit, _units = "batch", "batches"
 
-    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
-        _distributed.check(self, self._begin_iteration())
-        it = _BatchIterator(self._length_shard())
-        self._iterator = it
-        return it
-
-    def __getitem__(self, k: int) -> list[int]:  # type: ignore[override]
-        """This rank's k-th batch of the epoch (negative k counts from the end)."""
-        k = _validate.integer(k, "index")
-        shard = self._length_shard()
-        n = len(shard)
-        if not -n <= k < n:
-            raise IndexError(f"index {k} is out of range for a shard of {n} batches")
-        return shard.batch(k % n)
-
-    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Not available: this sampler yields batches (iterate it, or ``sampler[k]``)."""
-        raise TypeError(
-            "LengthGroupedBatchSampler yields batches, not indices: iterate it or use sampler[k]"
-        )
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """A JSON-serialisable checkpoint (no rank in it), at batch granularity.
-
-        Parameters
-        ----------
-        consumed : int, optional
-            How many of this pass's batches the training loop has consumed on this rank
-            (default: how many the latest iterator yielded; pass it when the DataLoader
-            prefetches). The same on every rank at the same step.
-        """
-        return super().state_dict(consumed)
+    def _element(self, shard: _core.LengthShard, k: int) -> list[int]:
+        return shard.batch(k)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state saved by any rank, on any number of ranks: the rest of the

@@ -4,16 +4,16 @@ described by the (document, start, stop) token segments that fill it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import _core, _distributed, _validate
+from . import _core, _validate
 from ._length import _as_lengths
-from ._sampler import _ShardSampler
+from ._sampler import _UnitSampler
 
 MODES = ("concat", "best_fit")
 LONG_DOCS = ("truncate", "split")
@@ -36,28 +36,7 @@ MAX_BEST_FIT_SEQ_LEN = 2**22
 _MAX_ROW_TOKENS = 2**62
 
 
-class _RowIterator(Iterator[np.ndarray]):
-    """A pass over a rank's rows; ``position`` is how many it has yielded."""
-
-    def __init__(self, shard: _core.PackedShard) -> None:
-        self._shard = shard
-        self.position = 0
-
-    def __iter__(self) -> _RowIterator:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        if self.position >= len(self._shard):
-            raise StopIteration
-        row = self._shard.row(self.position)
-        self.position += 1
-        return row
-
-    def __length_hint__(self) -> int:
-        return len(self._shard) - self.position
-
-
-class PackedSampler(_ShardSampler):
+class PackedSampler(_UnitSampler):
     """Rows of ``seq_len`` tokens packed from variable-length documents, computed on the fly,
     for distributed training at any size. Use as
     ``DataLoader(PackedTokens(...), sampler=sampler, batch_size=B, collate_fn=collate_rows)``.
@@ -191,7 +170,7 @@ class PackedSampler(_ShardSampler):
         self._epoch_rows: Any = None  # (epoch, _core.PackedEpoch) of the latest epoch used
         self._start_pass()
 
-    _FROZEN = _ShardSampler._FROZEN | {"seq_len", "mode", "overlap", "long_docs"}
+    _FROZEN = _UnitSampler._FROZEN | {"seq_len", "mode", "overlap", "long_docs"}
 
     # -- the epoch's rows -------------------------------------------------------------------
     @property
@@ -263,33 +242,10 @@ class PackedSampler(_ShardSampler):
             )
 
     # -- access -----------------------------------------------------------------------------
-    def _packed_shard(self) -> _core.PackedShard:
-        return cast(_core.PackedShard, self._current())
+    _unit, _units = "row", "rows"
 
-    def __iter__(self) -> Iterator[np.ndarray]:  # type: ignore[override]
-        _distributed.check(self, self._begin_iteration())
-        it = _RowIterator(self._packed_shard())
-        self._iterator = it
-        return it
-
-    def __getitem__(self, k: int) -> np.ndarray:  # type: ignore[override]
-        """This rank's k-th row of the epoch (negative k counts from the end)."""
-        k = _validate.integer(k, "index")
-        shard = self._packed_shard()
-        n = len(shard)
-        if not -n <= k < n:
-            raise IndexError(f"index {k} is out of range for a shard of {n} rows")
-        return shard.row(k % n)
-
-    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Not available: this sampler yields rows (iterate it, or ``sampler[k]``)."""
-        raise TypeError("PackedSampler yields rows, not indices: iterate it or use sampler[k]")
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """A JSON-serialisable checkpoint (no rank in it), at row granularity: ``consumed``
-        is how many of this pass's rows the training loop consumed on this rank (default:
-        how many the latest iterator yielded; pass it when the DataLoader prefetches)."""
-        return super().state_dict(consumed)
+    def _element(self, shard: _core.PackedShard, k: int) -> np.ndarray:
+        return shard.row(k)
 
     def __repr__(self) -> str:
         extra = (

@@ -310,6 +310,76 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         return shard[k]
 
 
+class _UnitIterator(Iterator[Any]):
+    """A pass over a rank's elements of a unit sampler; ``position`` is how many it has
+    yielded (the base class's epoch logic reads ``__length_hint__``)."""
+
+    def __init__(self, sampler: _UnitSampler, shard: Any) -> None:
+        self._sampler = sampler
+        self._shard = shard
+        self.position = 0
+
+    def __iter__(self) -> _UnitIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.position >= len(self._shard):
+            raise StopIteration
+        element = self._sampler._element(self._shard, self.position)
+        self.position += 1
+        return element
+
+    def __length_hint__(self) -> int:
+        return len(self._shard) - self.position
+
+
+class _UnitSampler(_ShardSampler):
+    """A sampler whose elements are not item indices but larger units of its plan (a batch
+    of indices, a packed row): it yields them one by one, ``sampler[k]`` is this rank's k-th,
+    and ``len()``, ``state_dict(consumed)`` and ``load_state_dict`` count them."""
+
+    _unit = "element"  # for messages: "batch", "row"
+    _units = "elements"
+
+    def _element(self, shard: Any, k: int) -> Any:
+        """This rank's k-th element, 0 <= k < len(shard)."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        _distributed.check(self, self._begin_iteration())
+        it = _UnitIterator(self, self._current())
+        self._iterator = it
+        return it
+
+    def __getitem__(self, k: int) -> Any:
+        """This rank's k-th element of the epoch (negative k counts from the end)."""
+        k = _validate.integer(k, "index")
+        shard = self._current()
+        n = len(shard)
+        if not -n <= k < n:
+            raise IndexError(f"index {k} is out of range for a shard of {n} {self._units}")
+        return self._element(shard, k % n)
+
+    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Not available: this sampler's elements are not indices (iterate it, or use
+        ``sampler[k]``)."""
+        raise TypeError(
+            f"{type(self).__name__} yields {self._units}, not indices: iterate it or use sampler[k]"
+        )
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint (no rank in it), counted in this sampler's elements.
+
+        Parameters
+        ----------
+        consumed : int, optional
+            How many of this pass's elements the training loop has consumed on this rank
+            (default: how many the latest iterator yielded; pass it when the DataLoader
+            prefetches). The same on every rank at the same step.
+        """
+        return super().state_dict(consumed)
+
+
 class DistributedSampler(_ShardSampler):
     """Drop-in replacement for :class:`torch.utils.data.distributed.DistributedSampler`.
 
