@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import socket
@@ -100,3 +101,40 @@ def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
     finally:
         kill_group(proc)
     return proc.returncode, out
+
+
+def launch_ranks(worker, world: int, timeout: float) -> list:
+    """Run `world` ranks of a worker script (argv: RANK WORLD PORT, one gloo group) in their
+    own process groups; each rank's last stdout line is JSON with its {scenario: result}.
+    A rank that exits non-zero, or a run past `timeout` (a hang), fails the test."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(r), str(world), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+            cwd=tempfile.gettempdir(),  # never import fastshard from the source tree
+            start_new_session=True,
+        )
+        for r in range(world)
+    ]
+    finished = []
+    try:
+        for p in procs:
+            try:
+                finished.append((*p.communicate(timeout=timeout), p.returncode))
+            except subprocess.TimeoutExpired:
+                finished.append(("", "", None))
+    finally:
+        for p in procs:
+            kill_group(p)
+        for p in procs:
+            if p.returncode is None:
+                p.communicate()
+    for r, (_, err, code) in enumerate(finished):
+        if code != 0:
+            what = f"did not finish in {timeout} s (a hang?)" if code is None else f"exited {code}"
+            pytest.fail(f"rank {r} {what}:\n{err[-3000:]}")
+    return [json.loads(out.strip().splitlines()[-1])["results"] for out, _, _ in finished]

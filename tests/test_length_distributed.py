@@ -3,16 +3,12 @@ rank without a hang, covers every item, and the guard catches different lengths.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import child_env, free_port, kill_group
+from .conftest import launch_ranks
 
 WORKER = Path(__file__).resolve().parent / "length_worker.py"
 TIMEOUT = 240  # seconds for the whole run; a hang fails the launch instead of the suite
@@ -20,37 +16,7 @@ TIMEOUT = 240  # seconds for the whole run; a hang fails the launch instead of t
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), "2", str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=child_env(),
-            cwd=tempfile.gettempdir(),  # never import fastshard from the source tree
-            start_new_session=True,
-        )
-        for r in range(2)
-    ]
-    finished = []
-    try:
-        for p in procs:
-            try:
-                finished.append((*p.communicate(timeout=TIMEOUT), p.returncode))
-            except subprocess.TimeoutExpired:
-                finished.append(("", "", None))
-    finally:
-        for p in procs:
-            kill_group(p)
-        for p in procs:
-            if p.returncode is None:
-                p.communicate()
-    for r, (_, err, code) in enumerate(finished):
-        if code != 0:
-            what = f"did not finish in {TIMEOUT} s (a hang?)" if code is None else f"exited {code}"
-            pytest.fail(f"rank {r} {what}:\n{err[-3000:]}")
-    return [json.loads(out.strip().splitlines()[-1])["results"] for out, _, _ in finished]
+    return launch_ranks(WORKER, 2, TIMEOUT)
 
 
 @pytest.mark.parametrize("scenario", ["budget_epochs", "budget_epochs_drop_last"])
