@@ -72,6 +72,16 @@ template <class F>
 bool walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first, std::uint64_t last, F&& f) {
     constexpr std::uint64_t kBlock = 256;
     std::uint64_t buf[kBlock];
+    // f as a callback that always says whether to go on. Decided here, in walk_order itself:
+    // Clang instantiates both branches of an `if constexpr` inside the generic lambda below.
+    auto go_on = [&f](std::uint64_t position, std::uint64_t item, std::uint64_t length) -> bool {
+        if constexpr (std::is_void_v<std::invoke_result_t<F&, std::uint64_t, std::uint64_t, std::uint64_t>>) {
+            f(position, item, length);
+            return true;
+        } else {
+            return static_cast<bool>(f(position, item, length));
+        }
+    };
     return with_data(lengths, [&](const auto* data) {
         for (std::uint64_t p0 = first; p0 < last; p0 += kBlock) {
             const std::size_t len = static_cast<std::size_t>(std::min(kBlock, last - p0));
@@ -79,11 +89,7 @@ bool walk_order(const Lengths& lengths, const Feistel& perm, std::uint64_t first
             perm.apply(buf, len);  // positions -> the epoch's items
             for (std::size_t i = 0; i < len; ++i) {
                 const auto v = static_cast<std::uint64_t>(data[buf[i]]);  // checked >= 0
-                if constexpr (std::is_void_v<decltype(f(p0 + i, buf[i], v))>) {
-                    f(p0 + i, buf[i], v);
-                } else if (!f(p0 + i, buf[i], v)) {
-                    return false;
-                }
+                if (!go_on(p0 + i, buf[i], v)) return false;
             }
         }
         return true;
