@@ -19,6 +19,7 @@ from ._length import LengthGroupedBatchSampler
 from ._mixture import MixtureSampler
 from ._packed import PackedSampler, PackedTokens, collate_rows
 from ._sampler import BatchSampler, DistributedSampler
+from ._stream import ShardedStream, ShardReadError
 from ._threads import get_num_threads, set_num_threads
 from ._warnings import EpochWarning
 from ._weighted import WeightedDistributedSampler
@@ -33,6 +34,8 @@ __all__ = [
     "PackedSampler",
     "PackedTokens",
     "ReshardedError",
+    "ShardReadError",
+    "ShardedStream",
     "WeightedDistributedSampler",
     "__version__",
     "collate_rows",

@@ -140,6 +140,7 @@ _KINDS = {
         "MixtureSampler",
         "LengthGroupedBatchSampler",
         "PackedSampler",
+        "ShardedStream",
     )
 }
 

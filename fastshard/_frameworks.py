@@ -30,7 +30,7 @@ class ReshardedError(RuntimeError):
     """A fastshard sampler that shards over ranks is being sharded again by a framework."""
 
 
-def _accelerate_splitter(depth: int = _DEPTH) -> Any:
+def _accelerate_splitter(splitters: tuple[str, ...], depth: int = _DEPTH) -> Any:
     """The accelerate object that is splitting the batches of the iteration that called us,
     if any."""
     frame: FrameType | None = sys._getframe(2)
@@ -39,7 +39,7 @@ def _accelerate_splitter(depth: int = _DEPTH) -> Any:
             return None
         if frame.f_globals.get("__name__") == _ACCELERATE:
             owner = frame.f_locals.get("self")
-            if type(owner).__name__ in _SPLITTERS:
+            if type(owner).__name__ in splitters:
                 return owner
         frame = frame.f_back
     return None
@@ -58,15 +58,16 @@ def _processes(splitter: Any) -> int:
     return int(n)
 
 
-def accelerate_split() -> tuple[str, int]:
+def accelerate_split(splitters: tuple[str, ...] = _SPLITTERS) -> tuple[str, int]:
     """(the accelerate class splitting the calling iteration's batches, its number of
     processes), or ("", 0) when no accelerate splitter is iterating us.
 
     ``BatchSamplerShard`` runs on every process (each iterates the whole batch sampler and
     keeps its share); ``DataLoaderDispatcher`` iterates the loader on process 0 only and
-    sends the batches to the others.
+    sends the batches to the others. A dataset passes its own ``splitters``: accelerate's
+    ``IterableDatasetShard`` iterates an IterableDataset on every process and keeps 1/W.
     """
-    splitter = _accelerate_splitter()
+    splitter = _accelerate_splitter(splitters)
     if splitter is None:
         return "", 0
     return type(splitter).__name__, _processes(splitter)

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
     register_weighted(m);
     register_length(m);
     register_packed(m);
+    register_stream(m);
 }

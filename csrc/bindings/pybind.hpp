@@ -21,6 +21,7 @@ void register_shard(py::module_& m);
 void register_weighted(py::module_& m);
 void register_length(py::module_& m);
 void register_packed(py::module_& m);
+void register_stream(py::module_& m);
 
 // Returns a new iterator over items [start, stop) of a shard (defined in register_iterator).
 py::object make_shard_iterator(std::shared_ptr<const fastshard::Shard> shard, std::uint64_t start,

@@ -1,0 +1,107 @@
+// Sharded streams (fastshard/stream.hpp): plans of shard reads; the reads themselves are Python's.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fastshard/stream.hpp"
+#include "pybind.hpp"
+
+namespace {
+
+struct PyStreamEpoch {
+    std::shared_ptr<const fastshard::StreamEpoch> epoch;
+};
+
+std::shared_ptr<const fastshard::StreamLayout> make_layout(
+    const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& sizes,
+    std::uint64_t chunk_rows) {
+    if (sizes.ndim() != 1) throw py::value_error("shard sizes must be 1-D");
+    try {
+        return std::make_shared<const fastshard::StreamLayout>(
+            sizes.data(), static_cast<std::uint64_t>(sizes.shape(0)), chunk_rows);
+    } catch (const std::invalid_argument& e) {
+        throw py::value_error(e.what());
+    }
+}
+
+void check_lane(const fastshard::StreamEpoch& e, std::uint64_t l) {
+    if (l >= e.lanes()) throw py::index_error("lane out of range");
+}
+
+}  // namespace
+
+void register_stream(py::module_& m) {
+    m.attr("STREAM_DOMAIN") = fastshard::kStreamDomain;
+
+    py::class_<fastshard::StreamLayout, std::shared_ptr<fastshard::StreamLayout>>(
+        m, "StreamLayout", "Shards and their chunks: what does not depend on the epoch (immutable).")
+        .def(py::init([](const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& sizes,
+                         std::uint64_t chunk_rows) {
+                 return std::const_pointer_cast<fastshard::StreamLayout>(make_layout(sizes, chunk_rows));
+             }),
+             py::arg("sizes"), py::arg("chunk_rows"), "chunk_rows 0: one chunk per non-empty shard.")
+        .def_property_readonly("rows", &fastshard::StreamLayout::rows)
+        .def_property_readonly("shards", &fastshard::StreamLayout::shards)
+        .def_property_readonly("chunks", &fastshard::StreamLayout::chunks);
+
+    py::class_<PyStreamEpoch>(m, "StreamEpoch", "One epoch's stream, lanes and windows (immutable).")
+        .def(py::init([](std::shared_ptr<fastshard::StreamLayout> layout, std::uint64_t seed,
+                         std::uint64_t epoch, bool shuffle, std::uint64_t lanes, std::uint64_t window) {
+                 if (lanes == 0) throw py::value_error("lanes must be >= 1");
+                 if (window == 0) throw py::value_error("window must be >= 1");
+                 py::gil_scoped_release release;
+                 return PyStreamEpoch{std::make_shared<const fastshard::StreamEpoch>(
+                     std::move(layout), seed, epoch, shuffle, lanes, window)};
+             }),
+             py::arg("layout"), py::arg("seed"), py::arg("epoch"), py::arg("shuffle"), py::arg("lanes"),
+             py::arg("window"))
+        .def_property_readonly("rows", [](const PyStreamEpoch& s) { return s.epoch->rows(); })
+        .def_property_readonly("lanes", [](const PyStreamEpoch& s) { return s.epoch->lanes(); })
+        .def_property_readonly("window", [](const PyStreamEpoch& s) { return s.epoch->window(); })
+        .def("lane", [](const PyStreamEpoch& s, std::uint64_t l) {
+                 check_lane(*s.epoch, l);
+                 return py::make_tuple(s.epoch->lane_start(l), s.epoch->lane_length(l));
+             }, py::arg("lane"), "(first stream row, length) of a lane.")
+        .def("segments", [](const PyStreamEpoch& s, std::uint64_t lo, std::uint64_t hi) {
+                 if (lo > hi || hi > s.epoch->rows()) throw py::index_error("stream range outside [0, rows]");
+                 std::vector<fastshard::StreamSegment> seg;
+                 s.epoch->segments(lo, hi, seg);
+                 py::array_t<std::int64_t> out({static_cast<py::ssize_t>(seg.size()), py::ssize_t{3}});
+                 auto* p = out.mutable_data();
+                 for (const auto& g : seg) {
+                     *p++ = static_cast<std::int64_t>(g.shard);
+                     *p++ = static_cast<std::int64_t>(g.row_lo);
+                     *p++ = static_cast<std::int64_t>(g.row_hi);
+                 }
+                 return out;
+             }, py::arg("lo"), py::arg("hi"),
+             "(k, 3) int64 array of (shard, row_lo, row_hi): the reads covering stream rows [lo, hi).")
+        .def("window_order", [](const PyStreamEpoch& s, std::uint64_t l, std::uint64_t w) {
+                 check_lane(*s.epoch, l);
+                 if (w * s.epoch->window() >= s.epoch->lane_length(l)) throw py::index_error("window out of range");
+                 std::vector<std::uint64_t> order;
+                 s.epoch->window_order(l, w, order);
+                 py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
+                 auto* p = out.mutable_data();
+                 for (auto v : order) *p++ = static_cast<std::int64_t>(v);
+                 return out;
+             }, py::arg("lane"), py::arg("window"),
+             "Window w of lane l: the window offset of each of its lane rows, in lane order.")
+        .def("sequence", [](const PyStreamEpoch& s, std::uint64_t lo, std::uint64_t hi) {
+                 const auto& e = *s.epoch;
+                 if (lo > hi || hi > e.rows()) throw py::index_error("positions outside [0, rows]");
+                 py::array_t<std::int64_t> out({static_cast<py::ssize_t>(hi - lo), py::ssize_t{2}});
+                 auto* p = out.mutable_data();
+                 {
+                     py::gil_scoped_release release;
+                     for (std::uint64_t q = lo; q < hi; ++q) {
+                         const auto item = e.locate(q);
+                         *p++ = static_cast<std::int64_t>(item.shard);
+                         *p++ = static_cast<std::int64_t>(item.row);
+                     }
+                 }
+                 return out;
+             }, py::arg("lo"), py::arg("hi"),
+             "(k, 2) int64 array of (shard, row) at positions [lo, hi) of the global sequence "
+             "(one lookup per position: for checks and measurements, not for reading).");
+}

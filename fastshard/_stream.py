@@ -1,0 +1,553 @@
+"""fastshard.ShardedStream: shard files read front to back, in equal, reshuffled and resumable
+shares for every rank and DataLoader worker.
+
+The epoch's global sequence (csrc/fastshard/stream.hpp) depends on the shard sizes, the seed,
+the epoch, ``chunk_size``, ``lanes`` and ``window`` only: never on the number of ranks or of
+workers. Rank r of W takes positions ``cursor + r + i*W`` of it, as every fastshard sampler
+does, and within a rank the DataLoader's batches go to the workers round robin (batch q of
+the rank to worker q mod k), which is the order in which a DataLoader collects them. So the
+global batches are the same for any W and k at a fixed global batch size, a checkpoint is one
+cursor, and the cursor re-shards what is left over any W and k.
+
+Reads: the sequence interleaves ``lanes`` contiguous stretches of the shuffled stream, and a
+lane's rows are read front to back. When ``lanes`` is a multiple of
+``batch_size * num_replicas * num_workers`` each lane belongs to one reader (rank, worker),
+which reads exactly the rows it yields; otherwise a lane is shared by a few readers, each of
+which reads the lane's windows and keeps its own rows (docs/streams.md gives the bound).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import _core, _distributed, _frameworks, _state, _validate, _world
+from ._warnings import EpochWarning
+
+# How many of its lanes per global batch a stream has by default: lanes = LANES_PER_BATCH *
+# batch_size * num_replicas, so 1, 2, 4 and 8 workers per rank read private lanes.
+LANES_PER_BATCH = 8
+DEFAULT_WINDOW = 16
+
+# accelerate's wrapper that iterates an IterableDataset on every process and keeps 1/W of it.
+_ITERABLE_SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
+
+
+class ShardReadError(RuntimeError):
+    """A shard's ``read`` yielded fewer rows than the shard's size says it holds."""
+
+
+class ShardedStream(IterableDataset[Any]):
+    """An ``IterableDataset`` over shard files read front to back: every rank gets the same
+    number of items per epoch, split exactly over its DataLoader workers, in a fresh keyed
+    order every epoch; the order is one global sequence for any number of ranks and
+    workers, and a checkpoint is one cursor that resumes on any number of either.
+
+    Parameters
+    ----------
+    shard_sizes : sequence of int
+        The number of items (rows) in each shard; 0 for an empty shard.
+    read : callable
+        ``read(shard, start, stop)`` returns an iterable over the items of rows
+        ``[start, stop)`` of shard ``shard``, in order. It is called in the process that
+        iterates the stream (a DataLoader worker), so it must be picklable for the ``spawn``
+        start method. A read that yields fewer items than asked raises
+        :class:`ShardReadError`, naming the shard; extra items are never taken.
+    batch_size : int
+        The per-rank batch size of the DataLoader that iterates the stream. Worker w of k
+        yields the rank's batches w, w + k, ..., so the DataLoader must batch by this size
+        (``DataLoader(stream, batch_size=batch_size, num_workers=k)``).
+    lanes : int, optional
+        How many stretches of the shuffled stream the global sequence interleaves (the
+        job's concurrent sequential reads). Default ``8 * batch_size * num_replicas``: the
+        same for any world size at a fixed global batch size. Each reader (rank, worker)
+        reads only its own rows when ``lanes`` is a multiple of ``batch_size * num_replicas
+        * num_workers``.
+    window : int
+        The local shuffle: each lane's rows are taken in windows of this many consecutive
+        rows, in a keyed order inside each window (a reader holds one window per lane).
+    chunk_size : int, optional
+        Cut shards into chunks of at most this many rows, shuffled as units (default: whole
+        shards). Smaller chunks shuffle more finely but start more reads mid-shard.
+    num_replicas, rank, seed, shuffle, drop_last, pad, check_consistency, auto_epoch
+        As for :class:`fastshard.DistributedSampler`. ``pad=True`` (default) fills the last
+        positions by repeating items from the start of the epoch so every rank yields the
+        same count; ``drop_last=True`` drops them instead; ``pad=False`` yields every item
+        exactly once, with rank counts that differ by at most one.
+    """
+
+    epoch: int
+    num_replicas: int
+    rank: int
+    seed: int
+
+    def __init__(
+        self,
+        shard_sizes: Any,
+        read: Callable[[int, int, int], Iterable[Any]],
+        *,
+        batch_size: int,
+        lanes: int | None = None,
+        window: int = DEFAULT_WINDOW,
+        chunk_size: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int | None = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        pad: bool = True,
+        check_consistency: bool = True,
+        auto_epoch: bool = False,
+    ) -> None:
+        sizes = _shard_sizes(shard_sizes)
+        if not callable(read):
+            raise TypeError(f"read must be callable as read(shard, start, stop), got {read!r}")
+        self.read = read
+        self.batch_size = _validate.in_range(batch_size, "batch_size", 1, _validate.MAX_LENGTH)
+        self.window = _validate.in_range(window, "window", 1, _validate.MAX_LENGTH)
+        if chunk_size is not None:
+            chunk_size = _validate.in_range(chunk_size, "chunk_size", 1, _validate.MAX_LENGTH)
+        self.chunk_size = chunk_size
+        self.shuffle = _validate.flag(shuffle, "shuffle")
+        self.pad = _validate.flag(pad, "pad")
+        self.num_replicas, self.rank = _world.resolve(num_replicas, rank)
+        self.drop_last = _validate.flag(drop_last, "drop_last")
+        self.check_consistency = _validate.flag(check_consistency, "check_consistency")
+        self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
+        if lanes is None:
+            lanes = LANES_PER_BATCH * self.batch_size * self.num_replicas
+        self.lanes = _validate.in_range(lanes, "lanes", 1, _validate.MAX_LENGTH)
+        self.shard_sizes = sizes
+        self._layout_cache: _core.StreamLayout | None = None
+        self._plans: tuple[int, _core.StreamEpoch] | None = None  # (epoch, its compiled plan)
+        layout = self._layout()  # checks that the sizes sum below 2**63
+        self.num_rows = int(layout.rows)
+        self.sizes_checksum = int(_core.scan_lengths(sizes)[3])
+        self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
+        self._epoch_warned = False
+        self._start_pass(0, 0)
+        _distributed.check(self)
+
+    # -- plan -------------------------------------------------------------------------------
+    def _layout(self) -> _core.StreamLayout:
+        if self._layout_cache is None:
+            try:
+                self._layout_cache = _core.StreamLayout(self.shard_sizes, self.chunk_size or 0)
+            except ValueError as err:
+                raise ValueError(f"shard_sizes: {err}") from None
+        return self._layout_cache
+
+    def _plan(self, epoch: int) -> _core.StreamEpoch:
+        cached = self._plans
+        if cached is None or cached[0] != epoch:
+            plan = _core.StreamEpoch(
+                self._layout(),
+                self.seed % 2**64,
+                epoch % 2**64,
+                self.shuffle,
+                self.lanes,
+                self.window,
+            )
+            self._plans = cached = (epoch, plan)
+        return cached[1]
+
+    def _lengths(self, cursor: int) -> tuple[int, int]:
+        return _core.plan_lengths(
+            self.num_rows, self.num_replicas, self.rank, self.drop_last, self.pad, cursor
+        )
+
+    def _start_pass(self, epoch: int, cursor: int, resumed: bool = False) -> None:
+        self.__dict__["epoch"] = epoch
+        self._cursor = cursor
+        self._resume_pending = resumed
+        self._iterator: _StreamIterator | None = None
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "rows": self.num_rows,
+            "shards": len(self.shard_sizes),
+            "sizes_checksum": self.sizes_checksum,
+            "seed": self.seed % 2**64,
+            "shuffle": self.shuffle,
+            "lanes": self.lanes,
+            "window": self.window,
+            "chunk_size": self.chunk_size or 0,
+            "drop_last": self.drop_last,
+            "pad": self.pad,
+        }
+
+    def _resume_point(self) -> dict[str, Any]:
+        return {"cursor": self._cursor}
+
+    # -- epochs -----------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "epoch" and "epoch" in self.__dict__:
+            self.set_epoch(value)
+            return
+        object.__setattr__(self, name, value)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the stream yields; call it on every rank before each
+        epoch, in the process that builds the DataLoader iterator (workers started afterwards
+        receive it). Checks that every rank agrees (one small collective).
+
+        Right after ``load_state_dict``, ``set_epoch`` of the saved epoch keeps the resume.
+        """
+        epoch = _validate.integer(epoch, "epoch")
+        if not (self._resume_pending and epoch == self.epoch):
+            self._start_pass(epoch, 0)
+        _distributed.check(self)
+
+    def _begin_iteration(self) -> None:
+        it = self._iterator
+        self._resume_pending = False
+        if it is None or not it.done:
+            return
+        if self.auto_epoch:
+            self._start_pass(self.epoch + 1, 0)
+        elif self.shuffle and not self._epoch_warned:
+            self._epoch_warned = True
+            where = (
+                " in a DataLoader worker: with persistent_workers=True the workers keep their "
+                "copy of the stream, which set_epoch in the main process does not reach; build "
+                "the stream with auto_epoch=True"
+                if get_worker_info() is not None
+                else "; call stream.set_epoch(epoch) before each epoch or build the stream with "
+                "auto_epoch=True"
+            )
+            warnings.warn(
+                f"fastshard.ShardedStream: a new iteration started at epoch {self.epoch}, which "
+                f"was already read to its end, so it repeats the same order{where}.",
+                EpochWarning,
+                stacklevel=3,
+            )
+
+    # -- lengths ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """This rank's number of items per epoch (all its workers together)."""
+        return self._lengths(0)[0]
+
+    @property
+    def remaining(self) -> int:
+        """This rank's number of items in the current pass (less than ``len()`` after
+        ``load_state_dict``)."""
+        return self._lengths(self._cursor)[0]
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> _StreamIterator:
+        splitter = _frameworks.accelerate_split(_ITERABLE_SPLITTERS)
+        _frameworks.check_not_resharded(self, *splitter)
+        info = get_worker_info()
+        if info is None:
+            _distributed.check(self)
+        self._begin_iteration()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        it = _StreamIterator(self, self.epoch, self._cursor, worker, workers)
+        self._iterator = it
+        return it
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable checkpoint holding no rank and no worker: the epoch and the
+        global cursor after what this process's latest iteration yielded. Use it when the
+        stream is iterated in this process (``num_workers=0``); with workers, checkpoint the
+        loader (torchdata's ``StatefulDataLoader``), whose state this class's
+        ``load_state_dict`` also reads, for any number of ranks and workers."""
+        it = self._iterator
+        cursor = self._cursor if it is None else it.global_cursor()
+        return _state.make(self._config(), self.epoch, min(cursor, self.num_rows))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a checkpoint saved on any number of ranks and workers: a state of
+        :meth:`state_dict`, or the ``state_dict()`` of a torchdata ``StatefulDataLoader``
+        over a stream (any rank's). The next iteration yields the rest of the saved epoch
+        over this stream's ranks and workers, nothing lost and nothing repeated."""
+        readers = _reader_states(state)
+        if readers:
+            state = _merge_readers(readers, _steps_since_snapshot(state))
+        epoch, cursor, _ = _state.check(state, self._config())
+        self._start_pass(epoch, cursor, resumed=True)
+        _distributed.check(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Compiled plans are rebuilt where the stream is used (a worker builds its own).
+        state = self.__dict__.copy()
+        state["_layout_cache"] = None
+        state["_plans"] = None
+        state["_iterator"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"fastshard.ShardedStream(shards={len(self.shard_sizes)}, rows={self.num_rows}, "
+            f"batch_size={self.batch_size}, lanes={self.lanes}, window={self.window}, "
+            f"num_replicas={self.num_replicas}, rank={self.rank}, seed={self.seed}, "
+            f"epoch={self.epoch})"
+        )
+
+    def sequence(
+        self, start: int = 0, stop: int | None = None, epoch: int | None = None
+    ) -> np.ndarray:
+        """The epoch's global sequence ``[start, stop)`` as an (m, 2) int64 array of (shard,
+        row): what the stream yields over all ranks and workers, without reading anything.
+        For checks and measurements (one lookup per position)."""
+        n = self.num_rows
+        lo, hi, _ = slice(start, stop).indices(n)
+        plan = self._plan(self.epoch if epoch is None else _validate.integer(epoch, "epoch"))
+        return plan.sequence(lo, max(lo, hi))
+
+
+def _shard_sizes(value: Any) -> np.ndarray:
+    arr = _validate.host_array(value, "shard_sizes", "ints")
+    if arr.ndim != 1:
+        raise ValueError(f"shard_sizes must be 1-D, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"shard_sizes must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _validate.MAX_LENGTH:
+        raise ValueError("shard_sizes must be < 2**63")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    if arr.size:
+        first = int(_core.scan_lengths(arr)[0])
+        if first >= 0:
+            raise ValueError(f"shard_sizes[{first}] = {arr[first]}: a shard size must be >= 0")
+    return arr
+
+
+class _Lane:
+    """A reader's view of one lane: the open read and the window it holds."""
+
+    __slots__ = ("items", "length", "order", "pos", "source", "start", "window")
+
+    def __init__(self, start: int, length: int) -> None:
+        self.start = start
+        self.length = length
+        self.pos = -1  # stream row the open read yields next; -1: none open
+        self.source: Iterator[Any] | None = None
+        self.window = -1
+        self.items: list[Any] = []
+        self.order: list[int] | None = None
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()  # type: ignore[attr-defined]
+            self.source = None
+        self.pos = -1
+
+
+class _StreamIterator(Iterator[Any]):
+    """One reader's pass: rank ``rank`` of the stream, DataLoader worker ``worker`` of
+    ``workers`` (0 of 1 in the main process). Its state (torchdata snapshots it in every
+    worker) is the pass's start and how many items this reader yielded."""
+
+    def __init__(
+        self, stream: ShardedStream, epoch: int, cursor: int, worker: int, workers: int
+    ) -> None:
+        self.stream = stream
+        self.epoch = epoch
+        self.cursor = cursor
+        self.worker = worker
+        self.workers = workers
+        self.yielded = 0
+        self.done = False
+        # What was read: read() calls, rows taken from them, rows yielded.
+        self.reads = 0
+        self.rows_read = 0
+        self._gen: Iterator[Any] | None = None
+
+    def __iter__(self) -> _StreamIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._gen is None:
+            self._gen = self._run()
+        try:
+            item = next(self._gen)
+        except StopIteration:
+            self.done = True
+            raise
+        self.yielded += 1
+        return item
+
+    # -- the plan of this reader -------------------------------------------------------------
+    def _consumed(self, yielded: int) -> int:
+        """This rank's items consumed once this reader's ``yielded``-th item is (the batches
+        of the rank up to and including that item's batch)."""
+        if yielded == 0:
+            return 0
+        b = self.stream.batch_size
+        last = yielded - 1
+        q = self.worker + (last // b) * self.workers
+        return q * b + last % b + 1
+
+    def global_cursor(self) -> int:
+        s = self.stream
+        total = s._lengths(self.cursor)[1]
+        return self.cursor + min(self._consumed(self.yielded) * s.num_replicas, total)
+
+    def _run(self) -> Iterator[Any]:
+        s = self.stream
+        n, lanes_n, m = s.num_rows, s.lanes, s.window
+        count = s._lengths(self.cursor)[0]
+        if count == 0:
+            return
+        plan = s._plan(self.epoch)
+        w_ranks, b, k = s.num_replicas, s.batch_size, self.workers
+        base = self.cursor + s.rank
+        lanes: dict[int, _Lane] = {}
+        j, skip = divmod(self.yielded, b)
+        try:
+            while True:
+                lo = (self.worker + j * k) * b
+                if lo >= count:
+                    return
+                for i in range(lo + skip, min(lo + b, count)):
+                    p = (base + w_ranks * i) % n
+                    lane_id = p % lanes_n
+                    q = p // lanes_n
+                    window, u = divmod(q, m)
+                    lane = lanes.get(lane_id)
+                    if lane is None:
+                        lane = lanes[lane_id] = _Lane(*plan.lane(lane_id))
+                    if lane.window != window:
+                        self._load(plan, lane_id, lane, window)
+                    yield lane.items[u if lane.order is None else lane.order[u]]
+                skip = 0
+                j += 1
+        finally:
+            for lane in lanes.values():
+                lane.close()
+
+    def _load(self, plan: Any, lane_id: int, lane: _Lane, window: int) -> None:
+        m = self.stream.window
+        first = lane.start + window * m
+        size = min(m, lane.length - window * m)
+        if lane.pos != first:
+            lane.close()
+            lane.source = self._reads(plan, first, lane.start + lane.length)
+            lane.pos = first
+        assert lane.source is not None
+        lane.items = list(islice(lane.source, size))
+        lane.pos += size
+        lane.window = window
+        lane.order = (
+            plan.window_order(lane_id, window).tolist()
+            if self.stream.shuffle and size > 1
+            else None
+        )
+
+    def _reads(self, plan: Any, lo: int, hi: int) -> Iterator[Any]:
+        """The items of stream rows [lo, hi): shard reads in stream order, each checked."""
+        s = self.stream
+        for shard, start, stop in plan.segments(lo, hi).tolist():
+            self.reads += 1
+            source = iter(s.read(shard, start, stop))
+            got = 0
+            try:
+                while got < stop - start:
+                    try:
+                        item = next(source)
+                    except StopIteration:
+                        raise ShardReadError(
+                            f"read({shard}, {start}, {stop}) yielded {got} items and stopped, "
+                            f"but shard {shard} has {int(s.shard_sizes[shard])} rows according "
+                            f"to shard_sizes, so rows [{start + got}, {stop}) are missing: "
+                            "shard_sizes must give each shard's exact number of items"
+                        ) from None
+                    got += 1
+                    self.rows_read += 1
+                    yield item
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+
+    # -- torchdata's Stateful protocol -------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        s = self.stream
+        state = _state.make(s._config(), self.epoch, self.cursor)
+        state["reader"] = {
+            "num_replicas": s.num_replicas,
+            "batch_size": s.batch_size,
+            "workers": self.workers,
+            "worker": self.worker,
+            "yielded": self.yielded,
+            "global_cursor": min(self.global_cursor(), s.num_rows),
+        }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        s = self.stream
+        epoch, cursor, _ = _state.check(state, s._config())
+        reader = state.get("reader")
+        if not isinstance(reader, dict):
+            raise ValueError("state has no 'reader': it is not a ShardedStream iterator state")
+        mine = {
+            "num_replicas": s.num_replicas,
+            "batch_size": s.batch_size,
+            "workers": self.workers,
+            "worker": self.worker,
+        }
+        for key, value in mine.items():
+            if reader.get(key) != value:
+                raise ValueError(
+                    f"this loader state was saved by a reader with {key}={reader.get(key)!r}, "
+                    f"this one has {key}={value!r}: a loader's state restores the same ranks and "
+                    "workers. To resume on other ones, build the stream and pass the loader's "
+                    "state_dict() to stream.load_state_dict() before creating the DataLoader."
+                )
+        yielded = reader.get("yielded")
+        if type(yielded) is not int or yielded < 0:
+            raise ValueError(f"state['reader']['yielded'] must be an int >= 0, got {yielded!r}")
+        if self._gen is not None:
+            raise RuntimeError("load_state_dict on a stream iterator that already started")
+        self.epoch, self.cursor, self.yielded = epoch, cursor, yielded
+        s.__dict__["epoch"] = epoch
+        s._cursor = cursor
+
+
+def _reader_states(state: Any) -> list[dict[str, Any]]:
+    """The stream iterator states inside a torchdata StatefulDataLoader state (any depth)."""
+    found: list[dict[str, Any]] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if "reader" in value and "version" in value and isinstance(value["reader"], dict):
+                found.append(value)
+                return
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(state)
+    return found
+
+
+def _steps_since_snapshot(state: Any) -> int:
+    steps = state.get("_steps_since_snapshot", 0) if isinstance(state, dict) else 0
+    return steps if type(steps) is int and steps >= 0 else 0
+
+
+def _merge_readers(readers: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """One rank- and worker-free state from the readers' states of one loader: the readers
+    deliver their batches in turn, so the one furthest along holds the loader's position."""
+    epochs = {r["epoch"] for r in readers}
+    if len(epochs) != 1:
+        raise ValueError(f"the loader's readers are at different epochs {sorted(epochs)}")
+    best = max(readers, key=lambda r: r["reader"].get("global_cursor", 0))
+    cursor = best["reader"].get("global_cursor")
+    if type(cursor) is not int or cursor < 0:
+        raise ValueError("a reader state has no valid 'global_cursor'")
+    if steps:
+        # Batches the loader yielded after its latest snapshot (snapshot_every_n_steps > 1).
+        r = best["reader"]
+        cursor += steps * r["batch_size"] * r["num_replicas"]
+    state = {key: value for key, value in best.items() if key != "reader"}
+    state["cursor"] = min(cursor, best["rows"])
+    return state
