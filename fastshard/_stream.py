@@ -24,6 +24,7 @@ from itertools import islice
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _core, _distributed, _frameworks, _state, _validate, _world
@@ -33,6 +34,10 @@ from ._warnings import EpochWarning
 # batch_size * num_replicas, so 1, 2, 4 and 8 workers per rank read private lanes.
 LANES_PER_BATCH = 8
 DEFAULT_WINDOW = 16
+
+# DataLoader workers per rank whose completed passes the stream's board records (a worker with
+# a larger id still reads its share; only the auto_epoch/EpochWarning bookkeeping skips it).
+BOARD_WORKERS = 256
 
 # accelerate's wrapper that iterates an IterableDataset on every process and keeps 1/W of it.
 _ITERABLE_SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
@@ -130,6 +135,12 @@ class ShardedStream(IterableDataset[Any]):
         self.sizes_checksum = int(_core.scan_lengths(sizes)[3])
         self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
         self._epoch_warned = False
+        # Shared memory, so that it outlives the DataLoader workers, which each iterate their
+        # own copy of the stream and are started afresh every epoch: row w holds (1, epoch)
+        # once worker w read that epoch to its end ((0, 0): nothing since the last set_epoch
+        # or load_state_dict). The next generation of workers learns from it which epoch the
+        # previous one finished.
+        self._board = torch.zeros(BOARD_WORKERS, 2, dtype=torch.int64).share_memory_()
         self._start_pass(0, 0)
         _distributed.check(self)
 
@@ -201,31 +212,50 @@ class ShardedStream(IterableDataset[Any]):
         epoch = _validate.integer(epoch, "epoch")
         if not (self._resume_pending and epoch == self.epoch):
             self._start_pass(epoch, 0)
+            self._board.zero_()
         _distributed.check(self)
 
-    def _begin_iteration(self) -> None:
+    def _finished_epoch(self, workers: int) -> int | None:
+        """The epoch this copy's latest iterator read to its end; or, for a fresh copy in a
+        new generation of DataLoader workers, the epoch every worker of the previous
+        generation read to its end, as the board records; None when neither."""
         it = self._iterator
+        if it is not None:
+            return it.epoch if it.done else None
+        if get_worker_info() is None or workers > BOARD_WORKERS:
+            return None
+        rows = self._board[:workers].tolist()
+        if rows[0][0] != 1 or any(row != rows[0] for row in rows):
+            return None
+        return int(rows[0][1])
+
+    def _begin_iteration(self, workers: int) -> str | None:
+        """Advance the epoch after one read to its end (auto_epoch); else return the warning
+        that the epoch repeats (once per copy), which the iterator gives at its first item:
+        raised from ``iter()`` in a DataLoader worker, an error would end the worker without
+        its message."""
+        finished = self._finished_epoch(workers)
         self._resume_pending = False
-        if it is None or not it.done:
-            return
+        if finished is None:
+            return None
         if self.auto_epoch:
-            self._start_pass(self.epoch + 1, 0)
+            self._start_pass(finished + 1, 0)
         elif self.shuffle and not self._epoch_warned:
             self._epoch_warned = True
             where = (
-                " in a DataLoader worker: with persistent_workers=True the workers keep their "
-                "copy of the stream, which set_epoch in the main process does not reach; build "
-                "the stream with auto_epoch=True"
+                " (in a DataLoader worker). Call stream.set_epoch(epoch) in the main process "
+                "before each epoch, which the workers receive when the epoch's iteration "
+                "starts (not with persistent_workers=True, whose workers keep their copy), or "
+                "build the stream with auto_epoch=True, which advances in the workers too"
                 if get_worker_info() is not None
-                else "; call stream.set_epoch(epoch) before each epoch or build the stream with "
+                else ". Call stream.set_epoch(epoch) before each epoch or build the stream with "
                 "auto_epoch=True"
             )
-            warnings.warn(
+            return (
                 f"fastshard.ShardedStream: a new iteration started at epoch {self.epoch}, which "
-                f"was already read to its end, so it repeats the same order{where}.",
-                EpochWarning,
-                stacklevel=3,
+                f"was already read to its end, so it repeats the same order{where}."
             )
+        return None
 
     # -- lengths ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -245,9 +275,10 @@ class ShardedStream(IterableDataset[Any]):
         info = get_worker_info()
         if info is None:
             _distributed.check(self)
-        self._begin_iteration()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        repeat = self._begin_iteration(workers)
         it = _StreamIterator(self, self.epoch, self._cursor, worker, workers)
+        it.warning = repeat
         self._iterator = it
         return it
 
@@ -272,6 +303,8 @@ class ShardedStream(IterableDataset[Any]):
             state = _merge_readers(readers, _steps_since_snapshot(state))
         epoch, cursor, _ = _state.check(state, self._config())
         self._start_pass(epoch, cursor, resumed=True)
+        if get_worker_info() is None:  # a worker restoring its own copy leaves the board alone
+            self._board.zero_()
         _distributed.check(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -300,6 +333,12 @@ class ShardedStream(IterableDataset[Any]):
         lo, hi, _ = slice(start, stop).indices(n)
         plan = self._plan(self.epoch if epoch is None else _validate.integer(epoch, "epoch"))
         return plan.sequence(lo, max(lo, hi))
+
+
+def _signed(value: int) -> int:
+    """``value mod 2**64`` as an int64."""
+    v = value % 2**64
+    return v - 2**64 if v >= 2**63 else v
 
 
 def _shard_sizes(value: Any) -> np.ndarray:
@@ -358,17 +397,22 @@ class _StreamIterator(Iterator[Any]):
         self.reads = 0
         self.rows_read = 0
         self._gen: Iterator[Any] | None = None
+        self.warning: str | None = None  # given at the first item
 
     def __iter__(self) -> _StreamIterator:
         return self
 
     def __next__(self) -> Any:
         if self._gen is None:
+            if self.warning is not None:
+                warnings.warn(self.warning, EpochWarning, stacklevel=2)
             self._gen = self._run()
         try:
             item = next(self._gen)
         except StopIteration:
             self.done = True
+            if self.worker < BOARD_WORKERS:
+                self.stream._board[self.worker] = torch.tensor([1, _signed(self.epoch)])
             raise
         self.yielded += 1
         return item

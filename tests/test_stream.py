@@ -1,0 +1,403 @@
+"""fastshard.ShardedStream: equal and exact shares of sequential shard reads, one global
+sequence for any number of ranks and DataLoader workers, resume, and refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from collections import Counter
+from itertools import permutations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch.utils.data import DataLoader, get_worker_info
+
+import fastshard
+from fastshard import ShardedStream, ShardReadError
+
+# 3 workers on a 2-core machine: torch's advice, not a failure.
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+# Uneven: empty shards, a one-row shard, and one shard larger than all the others together.
+SIZES = [7, 0, 23, 3, 1, 0, 11, 90, 5, 14]
+N = sum(SIZES)
+B = 4
+
+
+class Rows:
+    """read(shard, start, stop): (shard, row, worker) per row; logs each call to a file when
+    given one (one line per call, appended: safe from several worker processes)."""
+
+    def __init__(self, log: str | None = None, short: tuple[int, int] | None = None) -> None:
+        self.log = log
+        self.short = short  # (shard, rows it really has)
+
+    def __call__(self, shard: int, start: int, stop: int):
+        info = get_worker_info()
+        worker = -1 if info is None else info.id
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(json.dumps([os.getpid(), shard, start, stop]) + "\n")
+        if self.short is not None and shard == self.short[0]:
+            stop = min(stop, self.short[1])
+        for row in range(start, stop):
+            yield (shard, row, worker)
+
+
+def collate(items):
+    return items
+
+
+def run(stream: ShardedStream, workers: int) -> list[list[tuple[int, int, int]]]:
+    """The batches one rank's DataLoader yields, in order."""
+    loader = DataLoader(
+        stream, batch_size=stream.batch_size, num_workers=workers, collate_fn=collate
+    )
+    return [[tuple(x) for x in b] for b in loader]
+
+
+def make(world: int, rank: int, **kw) -> ShardedStream:
+    kw.setdefault("batch_size", B)
+    kw.setdefault("lanes", 24)
+    kw.setdefault("window", 4)
+    kw.setdefault("seed", 5)
+    return ShardedStream(SIZES, kw.pop("read", Rows()), num_replicas=world, rank=rank, **kw)
+
+
+def interleave(per_rank: list[list]) -> list:
+    """The global sequence from the ranks' item lists (rank r took positions r, r + W, ...)."""
+    out = []
+    for i in range(max(map(len, per_rank))):
+        out.extend(items[i] for items in per_rank if i < len(items))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("pad", [True, False])
+def test_exact_shares_per_rank_and_worker(world, workers, pad):
+    per_rank = []
+    for rank in range(world):
+        stream = make(world, rank, pad=pad)
+        batches = run(stream, workers)
+        items = [x for b in batches for x in b]
+        assert len(items) == len(stream)
+        # Batch q of the rank comes whole from worker q mod k: the split over workers is exact.
+        for q, batch in enumerate(batches):
+            assert len(batch) == (B if q < len(batches) - 1 else len(items) - B * q)
+            assert {w for _, _, w in batch} == {-1 if workers == 0 else q % workers}
+        per_rank.append([(s, r) for s, r, _ in items])
+    counts = [len(x) for x in per_rank]
+    if pad:
+        assert counts == [-(-N // world)] * world  # the same on every rank: no rank waits
+        assert set(interleave(per_rank)) == {(s, r) for s, n in enumerate(SIZES) for r in range(n)}
+    else:
+        assert max(counts) - min(counts) <= 1
+        seen = Counter(interleave(per_rank))
+        assert len(seen) == N and set(seen.values()) == {1}  # every item exactly once
+    # Padding repeats items from the start of the epoch's sequence.
+    seq = [tuple(x) for x in make(world, 0).sequence().tolist()]
+    glob = interleave(per_rank)
+    assert glob[:N] == seq
+    assert glob[N:] == seq[: len(glob) - N]
+
+
+def test_global_sequence_independent_of_ranks_and_workers():
+    reference = [tuple(x) for x in make(1, 0).sequence().tolist()]
+    assert sorted(reference) == sorted((s, r) for s, n in enumerate(SIZES) for r in range(n))
+    for world, workers in [(1, 0), (1, 3), (2, 2), (3, 1), (3, 3)]:
+        per_rank = [
+            [(s, r) for b in run(make(world, r_, pad=False), workers) for s, r, _ in b]
+            for r_ in range(world)
+        ]
+        assert interleave(per_rank) == reference, (world, workers)
+    # The global batches at a fixed global batch size: 12 = 3 ranks x 4 = 2 ranks x 6.
+    three = [run(make(3, r, pad=False, lanes=36), 2) for r in range(3)]
+    two = [run(make(2, r, pad=False, lanes=36, batch_size=6), 1) for r in range(2)]
+    for step in range(len(three[0]) - 1):
+        assert sorted(x[:2] for r in range(3) for x in three[r][step]) == sorted(
+            x[:2] for r in range(2) for x in two[r][step]
+        )
+
+
+def test_drop_last():
+    per_rank = [[x[:2] for b in run(make(3, r, drop_last=True), 2) for x in b] for r in range(3)]
+    assert [len(x) for x in per_rank] == [N // 3] * 3
+    glob = interleave(per_rank)
+    assert len(set(glob)) == len(glob) == N // 3 * 3
+
+
+def test_reads_go_forward_and_read_only_what_is_yielded(tmp_path):
+    """Each reader (a worker process) reads shards forward from a start row, never a row
+    twice; with lanes a multiple of batch_size * num_replicas * num_workers the readers
+    together read exactly the rows they yield. (A reader may hold reads of one shard at two
+    start rows at once: a shard that spans two of its lanes.)"""
+    log = tmp_path / "reads.jsonl"
+    world, workers = 2, 2
+    for rank in range(world):
+        stream = make(world, rank, pad=False, lanes=world * B * workers * 2, read=Rows(str(log)))
+        run(stream, workers)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    rows = sum(stop - start for _, _, start, stop in calls)
+    assert rows == N  # nothing read twice, nothing read that was not yielded
+    ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for pid, shard, start, stop in calls:
+        assert 0 <= start < stop <= SIZES[shard]
+        ranges.setdefault((pid, shard), []).append((start, stop))
+    for spans in ranges.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "a row read twice"
+    assert len({pid for pid, *_ in calls}) == world * workers
+
+
+def test_shared_lanes_stay_exact_and_read_a_bounded_excess(tmp_path):
+    """lanes not a multiple of the readers: still every item once; each reader reads the
+    lanes it shares, so the excess is bounded by the sharing."""
+    log = tmp_path / "reads.jsonl"
+    world, workers, lanes = 2, 3, 10
+    per_rank = []
+    for rank in range(world):
+        stream = make(world, rank, pad=False, lanes=lanes, read=Rows(str(log)))
+        per_rank.append([x[:2] for b in run(stream, workers) for x in b])
+    seen = Counter(interleave(per_rank))
+    assert len(seen) == N and set(seen.values()) == {1}
+    rows = sum(
+        stop - start for _, _, start, stop in (json.loads(x) for x in log.read_text().splitlines())
+    )
+    assert N <= rows <= N * world * workers
+
+
+def test_fresh_order_every_epoch_and_shuffle_off():
+    stream = make(1, 0)
+    orders = []
+    for epoch in range(3):
+        stream.set_epoch(epoch)
+        order = [x[:2] for b in run(stream, 0) for x in b]
+        assert sorted(order) == sorted((s, r) for s, n in enumerate(SIZES) for r in range(n))
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2] != orders[0]
+    plain = ShardedStream(
+        SIZES, Rows(), batch_size=B, lanes=1, window=1, shuffle=False, num_replicas=1, rank=0
+    )
+    assert [x[:2] for x in plain] == [(s, r) for s, n in enumerate(SIZES) for r in range(n)]
+
+
+def test_window_shuffle_stays_inside_lane_windows():
+    stream = make(1, 0, lanes=5, window=6)
+    seq = [tuple(x) for x in stream.sequence().tolist()]
+    flat = ShardedStream(
+        SIZES, Rows(), batch_size=B, lanes=5, window=1, seed=5, num_replicas=1, rank=0
+    )
+    base = [tuple(x) for x in flat.sequence().tolist()]
+    assert seq != base
+    for lane in range(5):
+        mine, ref = seq[lane::5], base[lane::5]
+        for w in range(0, len(ref), 6):
+            assert sorted(mine[w : w + 6]) == sorted(ref[w : w + 6])
+
+
+def test_chunk_order_is_uniform():
+    """Four shards in one lane: the 24 orders of the shards over 4800 seeds, against the
+    uniform distribution (chi-square, p < 1e-6 fails)."""
+    sizes = [1, 1, 1, 1]
+    index = {p: i for i, p in enumerate(permutations(range(4)))}
+    counts = np.zeros(24)
+    for seed in range(4800):
+        s = ShardedStream(
+            sizes, Rows(), batch_size=1, lanes=1, window=1, seed=seed, num_replicas=1, rank=0
+        )
+        counts[index[tuple(s.sequence()[:, 0].tolist())]] += 1
+    assert stats.chisquare(counts).pvalue > 1e-6
+
+
+def test_chunks_split_shards_into_units():
+    stream = ShardedStream(
+        SIZES, Rows(), batch_size=B, lanes=1, window=1, chunk_size=5, seed=1, num_replicas=1, rank=0
+    )
+    seq = [tuple(x) for x in stream.sequence().tolist()]
+    runs = []
+    for s, r in seq:
+        if runs and runs[-1][0] == s and runs[-1][2] == r:
+            runs[-1][2] = r + 1
+        else:
+            runs.append([s, r, r + 1])
+    # Each run starts at a chunk boundary and is at most a chunk (consecutive chunks of one
+    # shard may meet by chance).
+    assert all(start % 5 == 0 for _, start, _ in runs)
+    assert len(runs) >= sum(-(-n // 5) for n in SIZES) // 2
+
+
+def test_exact_resume_in_process():
+    full = [x for b in run(make(2, 0), 0) for x in b]
+    stream = make(2, 0)
+    it = iter(stream)
+    head = [next(it) for _ in range(9)]
+    state = stream.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert "rank" not in state and "worker" not in state
+    again = make(2, 0)
+    again.load_state_dict(state)
+    again.set_epoch(0)  # the saved epoch: keeps the resume
+    rest = list(again)
+    assert head + rest == full
+
+
+@pytest.mark.parametrize(("world", "new_world", "new_workers"), [(2, 3, 2), (3, 1, 3), (2, 2, 1)])
+def test_elastic_resume_through_stateful_dataloader(world, new_world, new_workers):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    consumed, states = [], []
+    for rank in range(world):
+        stream = make(world, rank, pad=False)
+        loader = StatefulDataLoader(stream, batch_size=B, num_workers=2, collate_fn=collate)
+        it = iter(loader)
+        batches = [next(it) for _ in range(5)]
+        states.append(loader.state_dict())
+        consumed.extend(x[:2] for b in batches for x in b)
+        del it
+    rest = []
+    for rank in range(new_world):
+        stream = make(new_world, rank, pad=False)
+        stream.load_state_dict(states[0])  # any rank's loader state
+        rest.extend(x[:2] for b in run(stream, new_workers) for x in b)
+    seen = Counter(consumed + rest)
+    assert len(seen) == N and set(seen.values()) == {1}, "lost or repeated items"
+
+
+def test_exact_resume_through_stateful_dataloader_with_workers():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader():
+        return StatefulDataLoader(make(2, 1), batch_size=B, num_workers=2, collate_fn=collate)
+
+    full = [b for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(7)]
+    state = first.state_dict()
+    del it
+    second = loader()
+    second.load_state_dict(state)
+    assert head + list(second) == full
+
+
+def test_epoch_warning_and_auto_epoch():
+    stream = make(1, 0)
+    first = [x[:2] for x in stream]
+    with pytest.warns(fastshard.EpochWarning):
+        again = [x[:2] for x in stream]
+    assert again == first
+    auto = make(1, 0, auto_epoch=True)
+    a = [x[:2] for x in auto]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = [x[:2] for x in auto]
+    assert auto.epoch == 1 and a == first and b != a and sorted(b) == sorted(a)
+
+
+def test_len_and_pickle():
+    stream = make(3, 2)
+    assert len(stream) == -(-N // 3)
+    assert len(DataLoader(stream, batch_size=B)) == -(-len(stream) // B)
+    clone = pickle.loads(pickle.dumps(stream))
+    assert [x[:2] for x in clone] == [x[:2] for x in stream]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"shard_sizes\[2\] = -1"):
+        ShardedStream([3, 4, -1], Rows(), batch_size=2, num_replicas=1, rank=0)
+    with pytest.raises(TypeError, match="integers"):
+        ShardedStream([3.0, 4.5], Rows(), batch_size=2, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        ShardedStream([2**62, 2**62], Rows(), batch_size=2, num_replicas=1, rank=0)
+    with pytest.raises(TypeError, match="callable"):
+        ShardedStream([3], "not a function", batch_size=2, num_replicas=1, rank=0)
+    for kw in ({"batch_size": 0}, {"batch_size": 2, "lanes": 0}, {"batch_size": 2, "window": 0}):
+        with pytest.raises(ValueError):
+            ShardedStream([3], Rows(), **kw, num_replicas=1, rank=0)
+    with pytest.raises(ValueError):
+        ShardedStream([3], Rows(), batch_size=2, num_replicas=2, rank=2)
+    state = make(2, 0).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        make(2, 0, seed=6).load_state_dict(state)
+    other = [*SIZES[:-1], SIZES[-1] + 1]
+    with pytest.raises(ValueError, match="rows"):
+        ShardedStream(
+            other, Rows(), batch_size=B, lanes=24, window=4, seed=5, num_replicas=2, rank=0
+        ).load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_short_read_names_the_shard(workers):
+    stream = make(1, 0, read=Rows(short=(7, 50)))
+    with pytest.raises(Exception) as err:
+        run(stream, workers)
+    text = str(err.value)
+    assert "shard 7 has 90 rows" in text
+    if workers == 0:
+        assert isinstance(err.value, ShardReadError)
+
+
+def test_empty_and_tiny():
+    empty = ShardedStream([0, 0], Rows(), batch_size=2, num_replicas=1, rank=0)
+    assert len(empty) == 0 and list(empty) == []
+    one = ShardedStream([1], Rows(), batch_size=2, num_replicas=3, rank=2)
+    assert [x[:2] for x in one] == [(0, 0)]  # padded: every rank yields the one item
+
+
+def test_planning_is_lazy_in_the_shard_count():
+    """10^6 shards: the plan is one word per shard, built in one pass (no Python loop)."""
+    sizes = np.full(10**6, 7, dtype=np.int64)
+    stream = ShardedStream(sizes, Rows(), batch_size=32, seed=1, num_replicas=1, rank=0)
+    first = next(iter(stream))
+    assert first[1] < 7 and 0 <= first[0] < 10**6
+    with pytest.raises(ValueError, match="sum"):
+        ShardedStream(
+            np.full(4, 2**62, dtype=np.int64), Rows(), batch_size=1, num_replicas=1, rank=0
+        )
+
+
+def test_torch_tensor_sizes_and_stats():
+    stream = ShardedStream(
+        torch.tensor(SIZES), Rows(), batch_size=B, lanes=8, window=2, num_replicas=1, rank=0
+    )
+    it = iter(stream)
+    items = list(it)
+    assert len(items) == N
+    assert it.rows_read == N and it.reads >= 1
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_epoch_and_warning_with_workers(persistent):
+    """Workers iterate copies of the stream (fresh ones every epoch unless persistent), yet
+    auto_epoch advances after an epoch read to its end, and a repeat without set_epoch warns."""
+
+    def epochs(stream, n):
+        loader = DataLoader(
+            stream, batch_size=B, num_workers=2, collate_fn=collate, persistent_workers=persistent
+        )
+        return [[x[:2] for b in loader for x in b] for _ in range(n)]
+
+    auto = epochs(make(1, 0, auto_epoch=True), 3)
+    assert all(sorted(e) == sorted(auto[0]) for e in auto)
+    assert auto[0] != auto[1] != auto[2] != auto[0]
+    explicit = make(1, 0)
+    orders = []
+    for e in range(3):
+        explicit.set_epoch(e)
+        orders.append(epochs(explicit, 1)[0])
+    assert orders == auto  # the same epochs as set_epoch(0), (1), (2)
+    # The warning comes from the workers (which inherit the filters): as an error it reaches
+    # the main process; ignored, the epoch repeats.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastshard.EpochWarning)
+        with pytest.raises(fastshard.EpochWarning, match="repeats the same order"):
+            epochs(make(1, 0), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastshard.EpochWarning)
+        repeat = epochs(make(1, 0), 2)
+    assert repeat[0] == repeat[1] == orders[0]
