@@ -67,13 +67,37 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """End a child started with start_new_session=True, and everything it started."""
-    if proc.poll() is None:
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End a child started with start_new_session=True, and everything it started: also
+    what it started in sessions of their own (torchrun starts each rank in one), which its
+    process group does not reach."""
+    if proc.poll() is None:
+        below = _descendants(proc.pid)
+        for pid in [proc.pid, *below]:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     proc.wait()
 
 
@@ -94,7 +118,10 @@ def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        out, _ = proc.communicate()
+        try:  # a process that escaped the kill may still hold the pipe: do not wait for it
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out = "(no output: the pipe stayed open after the kill)"
         pytest.fail(
             f"{' '.join(cmd[:4])} ... did not finish in {timeout} s (a hang?):\n{out[-3000:]}"
         )
@@ -132,7 +159,10 @@ def launch_ranks(worker, world: int, timeout: float) -> list:
             kill_group(p)
         for p in procs:
             if p.returncode is None:
-                p.communicate()
+                try:
+                    p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
     for r, (_, err, code) in enumerate(finished):
         if code != 0:
             what = f"did not finish in {timeout} s (a hang?)" if code is None else f"exited {code}"
