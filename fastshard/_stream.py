@@ -210,6 +210,9 @@ class ShardedStream(IterableDataset[Any]):
         Right after ``load_state_dict``, ``set_epoch`` of the saved epoch keeps the resume.
         """
         epoch = _validate.integer(epoch, "epoch")
+        # accelerate's DataLoaderDispatcher sets the epoch on every process, then iterates
+        # the loader on process 0 only (in its workers, out of sight of __iter__'s check).
+        _frameworks.check_not_resharded(self, *_frameworks.accelerate_split(_ITERABLE_SPLITTERS))
         if not (self._resume_pending and epoch == self.epoch):
             self._start_pass(epoch, 0)
             self._board.zero_()

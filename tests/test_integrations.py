@@ -447,3 +447,48 @@ def test_trainer_packed_rows(trainer_report):
     r = trainer_report["packed"]
     assert "error" not in r, r
     packed_epochs(r["epochs"])
+
+
+# -- fastshard.ShardedStream (an IterableDataset) under the frameworks ---------------------------
+def test_lightning_stream_epochs_advance_in_fresh_workers(lightning_report):
+    """Lightning sets no epoch on a dataset; auto_epoch advances the stream in the workers
+    that every epoch starts afresh: 3 epochs, each every item once, each a new order."""
+    r = lightning_report["stream"]
+    assert "error" not in r, r
+    assert sorted(r["epochs"]) == ["0", "1", "2"]
+    for e in r["epochs"].values():
+        once_each(e)
+        assert e["per_rank"] == [500, 500]
+    firsts = [r["epochs"][e]["first"] for e in ("0", "1", "2")]
+    assert firsts[0] != firsts[1] != firsts[2] != firsts[0]
+    assert r["len"] == [500] and r["batches"] == 50
+
+
+def test_accelerate_dispatches_a_global_stream(accelerate_report):
+    r = accelerate_report["stream_documented"]
+    assert "error" not in r, r
+    two_fresh_epochs(r["epochs"])
+    assert r["len"] == 50
+
+
+@pytest.mark.parametrize("scenario", ["stream_misuse_dispatch", "stream_misuse_shard"])
+def test_accelerate_resharding_a_sharded_stream_raises_on_every_rank(accelerate_report, scenario):
+    """num_replicas=2 under DataLoaderDispatcher (process 0 reads, splits) or under
+    IterableDatasetShard (each process reads its share and keeps half): refused on both."""
+    ranks = accelerate_report[scenario]["ranks"]
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r.get("error") == "ReshardedError" or "ReshardedError" in r.get("message", ""), ranks
+        assert "num_replicas=1" in r["message"]
+
+
+def test_trainer_trains_a_global_stream(trainer_report):
+    r = trainer_report["stream"]
+    assert "error" not in r, r
+    two_fresh_epochs(r["epochs"])
+
+
+def test_trainer_refuses_a_sharded_stream(trainer_report):
+    r = trainer_report["stream_misuse"]
+    assert r.get("error") == "ReshardedError", r
+    assert "num_replicas=1" in r["message"]

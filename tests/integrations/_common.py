@@ -126,3 +126,15 @@ def run(name: str, fn: Any, results: dict[str, Any], barrier: bool = True) -> No
         results[name] = error_text(err)
     if barrier:
         dist.barrier()
+
+
+# fastshard.ShardedStream over the same N items, as uneven shards (one empty): shard s holds
+# items [offset_s, offset_s + size_s), read front to back.
+STREAM_SIZES = [300, 0, 17, 250, 1, 432]
+_STREAM_OFFSETS = [sum(STREAM_SIZES[:s]) for s in range(len(STREAM_SIZES))]
+
+
+def stream_read(shard: int, start: int, stop: int) -> Any:
+    """The ShardedStream reader: IndexDataset's items of rows [start, stop) of a shard."""
+    base = _STREAM_OFFSETS[shard]
+    return (IndexDataset()[base + row] for row in range(start, stop))

@@ -20,6 +20,7 @@ from _common import (
     MIX_WEIGHTS,
     PACKED_BATCH,
     SEQ_LEN,
+    STREAM_SIZES,
     TIMEOUT,
     IndexDataset,
     corpus,
@@ -28,6 +29,7 @@ from _common import (
     mixture_counts,
     report,
     run,
+    stream_read,
     summary,
     token_summary,
 )
@@ -158,6 +160,30 @@ def dispatch_documented(stateful: bool, workers: int) -> dict[str, Any]:
     return {"epochs": epochs(acc.prepare(loader))}
 
 
+def stream_documented() -> dict[str, Any]:
+    """A global ShardedStream (num_replicas=1) in a loader with 2 workers: accelerate
+    dispatches it (its default for an IterableDataset), process 0 reading, and sets its
+    epoch on every process."""
+    data = fastshard.ShardedStream(
+        STREAM_SIZES, stream_read, batch_size=BATCH, num_replicas=1, rank=0, seed=9
+    )
+    loader = accelerator.prepare(DataLoader(data, batch_size=BATCH, num_workers=2))
+    return {"epochs": epochs(loader), "len": len(loader)}
+
+
+def stream_misuse(dispatch: bool) -> dict[str, Any]:
+    """A ShardedStream that shards over the ranks itself (num_replicas=2 from the group),
+    dispatched or wrapped in accelerate's IterableDatasetShard: refused on every rank."""
+    config = DataLoaderConfiguration(dispatch_batches=dispatch)
+    acc = Accelerator(cpu=True, dataloader_config=config)
+
+    def fit() -> dict[str, Any]:
+        data = fastshard.ShardedStream(STREAM_SIZES, stream_read, batch_size=BATCH, seed=9)
+        return epochs(acc.prepare(DataLoader(data, batch_size=BATCH, num_workers=2)), 1)
+
+    return every_rank(fit)
+
+
 results: dict[str, Any] = {}
 run("documented", documented, results)
 run("documented_batch_sampler", documented_batch_sampler, results)
@@ -171,5 +197,8 @@ run("dispatch_misuse_stateful_workers", lambda: dispatch_misuse(True, 2), result
 run("dispatch_misuse", lambda: dispatch_misuse(False, 0), results)
 run("dispatch_documented", lambda: dispatch_documented(False, 0), results)
 run("dispatch_documented_stateful_workers", lambda: dispatch_documented(True, 2), results)
+run("stream_documented", stream_documented, results)
+run("stream_misuse_dispatch", lambda: stream_misuse(True), results)
+run("stream_misuse_shard", lambda: stream_misuse(False), results)
 report(REPORT, results)
 accelerator.end_training()

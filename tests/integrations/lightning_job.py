@@ -23,6 +23,7 @@ from _common import (
     MIX_WEIGHTS,
     PACKED_BATCH,
     SEQ_LEN,
+    STREAM_SIZES,
     IndexDataset,
     N,
     corpus,
@@ -31,6 +32,7 @@ from _common import (
     mixture_counts,
     report,
     run,
+    stream_read,
     summary,
     token_summary,
 )
@@ -275,6 +277,24 @@ def predict(kind: str) -> dict[str, Any]:
     return {"predicted": summary(gather(model.predicted))}
 
 
+def stream() -> dict[str, Any]:
+    """DataLoader(fastshard.ShardedStream(...), num_workers=2), 3 epochs: Lightning sets no
+    epoch on a dataset, so auto_epoch advances it, in workers started afresh every epoch."""
+    lens: list[int] = []
+
+    def loader() -> Any:
+        data = fastshard.ShardedStream(
+            STREAM_SIZES, stream_read, batch_size=BATCH, seed=8, auto_epoch=True
+        )
+        lens.append(len(data))
+        return DataLoader(data, batch_size=BATCH, num_workers=2)
+
+    model = Recorder(loader)
+    t = trainer(max_epochs=3)
+    t.fit(model)
+    return {"epochs": epochs_of(model), "len": lens, "batches": t.num_training_batches}
+
+
 results: dict[str, Any] = {"flavour": FLAVOUR}
 if FLAVOUR == "lightning":
     run("sampler", natural_sampler, results, barrier=False)
@@ -288,6 +308,7 @@ if FLAVOUR == "lightning":
     run("length_grouped", length_grouped, results, barrier=False)
     run("predict_batch_sampler", lambda: predict("BatchSampler"), results, barrier=False)
     run("predict_length_grouped", lambda: predict("LengthGrouped"), results, barrier=False)
+    run("stream", stream, results, barrier=False)
 else:
     run("sampler", natural_sampler, results, barrier=False)
 report(REPORT, results)

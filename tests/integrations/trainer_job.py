@@ -20,12 +20,14 @@ from _common import (
     BATCH,
     PACKED_BATCH,
     SEQ_LEN,
+    STREAM_SIZES,
     IndexDataset,
     corpus,
     flat,
     gather,
     report,
     run,
+    stream_read,
     summary,
     token_summary,
 )
@@ -76,6 +78,7 @@ class MisusedTrainer(Trainer):
 def args(name: str, **kw: Any) -> TrainingArguments:
     kw.setdefault("num_train_epochs", 2)
     kw.setdefault("per_device_train_batch_size", BATCH)
+    kw.setdefault("dataloader_num_workers", 0)
     return TrainingArguments(
         output_dir=str(WORKDIR / name),
         use_cpu=True,
@@ -84,16 +87,17 @@ def args(name: str, **kw: Any) -> TrainingArguments:
         report_to=[],
         logging_strategy="no",
         disable_tqdm=True,
-        dataloader_num_workers=0,
         seed=5,
         **kw,
     )
 
 
-def train(cls: type, name: str, resume: str | None = None, **kw: Any) -> tuple[Recorder, PerEpoch]:
+def train(
+    cls: type, name: str, resume: str | None = None, data: Any = ds, **kw: Any
+) -> tuple[Recorder, PerEpoch]:
     model = Recorder()
     per_epoch = PerEpoch(model)
-    trainer = cls(model=model, args=args(name, **kw), train_dataset=ds, callbacks=[per_epoch])
+    trainer = cls(model=model, args=args(name, **kw), train_dataset=data, callbacks=[per_epoch])
     trainer.train(resume_from_checkpoint=resume)
     return model, per_epoch
 
@@ -190,6 +194,19 @@ def packed() -> dict[str, Any]:
     return {"epochs": {str(e): token_summary([t], rows) for e, t in per_epoch.epochs.items()}}
 
 
+def stream(num_replicas: int | None) -> dict[str, Any]:
+    """The plain Trainer with a ShardedStream as train_dataset and 2 loader workers: global
+    (num_replicas=1, which accelerate dispatches, the Trainer setting its epoch), or sharded
+    over the ranks (refused on every rank)."""
+    rank = None if num_replicas is None else 0
+    data = fastshard.ShardedStream(
+        STREAM_SIZES, stream_read, batch_size=BATCH, num_replicas=num_replicas, rank=rank, seed=3
+    )
+    name = "stream" if num_replicas else "stream_misuse"
+    _, per_epoch = train(Trainer, name, data=data, save_strategy="no", dataloader_num_workers=2)
+    return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
+
+
 results: dict[str, Any] = {}
 run("documented", documented, results)
 run("sequential", lambda: strategy("sequential"), results)
@@ -197,4 +214,6 @@ run("group_by_length", lambda: strategy("group_by_length"), results)
 run("packed", packed, results)
 run("resume", resume, results)
 run("misuse", misuse, results)
+run("stream", lambda: stream(1), results)
+run("stream_misuse", lambda: stream(None), results)
 report(REPORT, results)
