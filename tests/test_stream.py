@@ -268,11 +268,12 @@ def test_elastic_resume_through_stateful_dataloader(world, new_world, new_worker
     assert len(seen) == N and set(seen.values()) == {1}, "lost or repeated items"
 
 
-def test_exact_resume_through_stateful_dataloader_with_workers():
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_exact_resume_through_stateful_dataloader(workers):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def loader():
-        return StatefulDataLoader(make(2, 1), batch_size=B, num_workers=2, collate_fn=collate)
+        return StatefulDataLoader(make(2, 1), batch_size=B, num_workers=workers, collate_fn=collate)
 
     full = [b for b in loader()]
     first = loader()
