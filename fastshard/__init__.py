@@ -19,7 +19,7 @@ from ._length import LengthGroupedBatchSampler
 from ._mixture import MixtureSampler
 from ._packed import PackedSampler, PackedTokens, collate_rows
 from ._sampler import BatchSampler, DistributedSampler
-from ._stream import ShardedStream, ShardReadError
+from ._stream import ReadAmplificationWarning, ShardedStream, ShardReadError
 from ._threads import get_num_threads, set_num_threads
 from ._warnings import EpochWarning
 from ._weighted import WeightedDistributedSampler
@@ -33,6 +33,7 @@ __all__ = [
     "MixtureSampler",
     "PackedSampler",
     "PackedTokens",
+    "ReadAmplificationWarning",
     "ReshardedError",
     "ShardReadError",
     "ShardedStream",

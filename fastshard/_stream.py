@@ -18,6 +18,7 @@ which reads the lane's windows and keeps its own rows (docs/streams.md gives the
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
@@ -41,6 +42,12 @@ BOARD_WORKERS = 256
 
 # accelerate's wrapper that iterates an IterableDataset on every process and keeps 1/W of it.
 _ITERABLE_SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
+
+
+class ReadAmplificationWarning(UserWarning):
+    """A ShardedStream's lanes are shared by several readers (``lanes`` is not a multiple of
+    ``batch_size * num_replicas * num_workers``): each reader reads the shared lanes' rows
+    and keeps its own, so it reads up to the sharing factor times the rows it yields."""
 
 
 class ShardReadError(RuntimeError):
@@ -140,7 +147,7 @@ class ShardedStream(IterableDataset[Any]):
         # once worker w read that epoch to its end ((0, 0): nothing since the last set_epoch
         # or load_state_dict). The next generation of workers learns from it which epoch the
         # previous one finished.
-        self._board = torch.zeros(BOARD_WORKERS, 2, dtype=torch.int64).share_memory_()
+        self._board = torch.zeros(BOARD_WORKERS, 2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._start_pass(0, 0)
         _distributed.check(self)
 
@@ -281,7 +288,21 @@ class ShardedStream(IterableDataset[Any]):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         repeat = self._begin_iteration(workers)
         it = _StreamIterator(self, self.epoch, self._cursor, worker, workers)
-        it.warning = repeat
+        it.warnings = [] if repeat is None else [(repeat, EpochWarning)]
+        readers = self.batch_size * self.num_replicas * workers
+        if self.lanes % readers and worker == 0:
+            sharing = readers // math.gcd(self.lanes, readers)
+            it.warnings.append(
+                (
+                    f"fastshard.ShardedStream: lanes={self.lanes} is not a multiple of "
+                    f"batch_size * num_replicas * num_workers = {self.batch_size} * "
+                    f"{self.num_replicas} * {workers} = {readers}, so each lane is read by up "
+                    f"to {sharing} readers, each reading up to {sharing}x the rows it yields. "
+                    f"Build the stream with lanes a multiple of {readers} (the same lanes on "
+                    "resume: they define the order).",
+                    ReadAmplificationWarning,
+                )
+            )
         self._iterator = it
         return it
 
@@ -400,15 +421,15 @@ class _StreamIterator(Iterator[Any]):
         self.reads = 0
         self.rows_read = 0
         self._gen: Iterator[Any] | None = None
-        self.warning: str | None = None  # given at the first item
+        self.warnings: list[tuple[str, type[Warning]]] = []  # given at the first item
 
     def __iter__(self) -> _StreamIterator:
         return self
 
     def __next__(self) -> Any:
         if self._gen is None:
-            if self.warning is not None:
-                warnings.warn(self.warning, EpochWarning, stacklevel=2)
+            for message, category in self.warnings:
+                warnings.warn(message, category, stacklevel=2)
             self._gen = self._run()
         try:
             item = next(self._gen)

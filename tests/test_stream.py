@@ -19,8 +19,12 @@ from torch.utils.data import DataLoader, get_worker_info
 import fastshard
 from fastshard import ShardedStream, ShardReadError
 
-# 3 workers on a 2-core machine: torch's advice, not a failure.
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+# 3 workers on a 2-core machine: torch's advice, not a failure. Most tests use few lanes on
+# purpose (shared lanes must be exact too); test_shared_lanes_warn checks the warning.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore::fastshard.ReadAmplificationWarning"),
+]
 
 # Uneven: empty shards, a one-row shard, and one shard larger than all the others together.
 SIZES = [7, 0, 23, 3, 1, 0, 11, 90, 5, 14]
@@ -169,6 +173,19 @@ def test_shared_lanes_stay_exact_and_read_a_bounded_excess(tmp_path):
         stop - start for _, _, start, stop in (json.loads(x) for x in log.read_text().splitlines())
     )
     assert N <= rows <= N * world * workers
+
+
+def test_shared_lanes_warn_once_per_rank():
+    with pytest.warns(fastshard.ReadAmplificationWarning, match="up to 3 readers"):
+        list(ShardedStream(SIZES, Rows(), batch_size=3, lanes=8, num_replicas=1, rank=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastshard.ReadAmplificationWarning)
+        list(make(1, 0, lanes=8, batch_size=4))  # private lanes: no warning
+        list(make(2, 1, lanes=16, batch_size=4, pad=False))
+        # with workers, worker 0 of each rank warns (as an error, it reaches the main process)
+        with pytest.raises(fastshard.ReadAmplificationWarning, match="2 \\* 3 = 24"):
+            run(make(2, 0, lanes=32), 3)
+        run(make(2, 0, lanes=48), 3)
 
 
 def test_fresh_order_every_epoch_and_shuffle_off():
