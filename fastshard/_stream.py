@@ -382,23 +382,43 @@ def _shard_sizes(value: Any) -> np.ndarray:
 
 
 class _Lane:
-    """A reader's view of one lane: the open read and the window it holds."""
+    """A reader's view of one lane: its open read and the window it holds."""
 
-    __slots__ = ("items", "length", "order", "pos", "source", "start", "window")
+    __slots__ = (
+        "current",
+        "items",
+        "left",
+        "length",
+        "order",
+        "pos",
+        "read",
+        "segments",
+        "start",
+        "window",
+    )  # fmt: skip
 
     def __init__(self, start: int, length: int) -> None:
         self.start = start
         self.length = length
-        self.pos = -1  # stream row the open read yields next; -1: none open
-        self.source: Iterator[Any] | None = None
+        self.pos = -1  # stream row the open reads yield next; -1: none open
+        self.segments: list[list[int]] = []  # the reads still to open: (shard, start, stop)
+        self.read: Any = None  # the open read
+        self.current = [0, 0, 0]  # its (shard, start, stop)
+        self.left = 0  # its rows not yet taken
         self.window = -1
         self.items: list[Any] = []
         self.order: list[int] | None = None
 
+    def close_read(self) -> None:
+        close = getattr(self.read, "close", None)
+        if close is not None:
+            close()
+        self.read = None
+        self.left = 0
+
     def close(self) -> None:
-        if self.source is not None:
-            self.source.close()  # type: ignore[attr-defined]
-            self.source = None
+        self.close_read()
+        self.segments = []
         self.pos = -1
 
 
@@ -420,26 +440,42 @@ class _StreamIterator(Iterator[Any]):
         # What was read: read() calls, rows taken from them, rows yielded.
         self.reads = 0
         self.rows_read = 0
-        self._gen: Iterator[Any] | None = None
         self.warnings: list[tuple[str, type[Warning]]] = []  # given at the first item
+        self._started = False
+        self._batch: list[Any] = []  # the current batch's items not yet yielded, reversed
+        self._lanes: dict[int, _Lane] = {}
 
     def __iter__(self) -> _StreamIterator:
         return self
 
     def __next__(self) -> Any:
-        if self._gen is None:
-            for message, category in self.warnings:
-                warnings.warn(message, category, stacklevel=2)
-            self._gen = self._run()
-        try:
-            item = next(self._gen)
-        except StopIteration:
+        batch = self._batch
+        if not batch:
+            if not self._started:
+                self._started = True
+                for message, category in self.warnings:
+                    warnings.warn(message, category, stacklevel=2)
+            batch = self._batch = self._next_batch()
+            if not batch:
+                self._finish()
+                raise StopIteration
+        self.yielded += 1
+        return batch.pop()
+
+    def _finish(self) -> None:
+        if not self.done:
             self.done = True
+            for lane in self._lanes.values():
+                lane.close()
+            self._lanes.clear()
             if self.worker < BOARD_WORKERS:
                 self.stream._board[self.worker] = torch.tensor([1, _signed(self.epoch)])
-            raise
-        self.yielded += 1
-        return item
+
+    def close(self) -> None:
+        """Close the open reads (the iterator yields nothing more)."""
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()
 
     # -- the plan of this reader -------------------------------------------------------------
     def _consumed(self, yielded: int) -> int:
@@ -457,49 +493,67 @@ class _StreamIterator(Iterator[Any]):
         total = s._lengths(self.cursor)[1]
         return self.cursor + min(self._consumed(self.yielded) * s.num_replicas, total)
 
-    def _run(self) -> Iterator[Any]:
+    def _next_batch(self) -> list[Any]:
+        """The items of this reader's next batch (or of what is left of it after a resume),
+        reversed for pop(); empty at the end of the pass."""
         s = self.stream
-        n, lanes_n, m = s.num_rows, s.lanes, s.window
         count = s._lengths(self.cursor)[0]
-        if count == 0:
-            return
-        plan = s._plan(self.epoch)
-        w_ranks, b, k = s.num_replicas, s.batch_size, self.workers
-        base = self.cursor + s.rank
-        lanes: dict[int, _Lane] = {}
+        b = s.batch_size
         j, skip = divmod(self.yielded, b)
-        try:
-            while True:
-                lo = (self.worker + j * k) * b
-                if lo >= count:
-                    return
-                for i in range(lo + skip, min(lo + b, count)):
-                    p = (base + w_ranks * i) % n
-                    lane_id = p % lanes_n
-                    q = p // lanes_n
-                    window, u = divmod(q, m)
-                    lane = lanes.get(lane_id)
-                    if lane is None:
-                        lane = lanes[lane_id] = _Lane(*plan.lane(lane_id))
-                    if lane.window != window:
-                        self._load(plan, lane_id, lane, window)
-                    yield lane.items[u if lane.order is None else lane.order[u]]
-                skip = 0
-                j += 1
-        finally:
-            for lane in lanes.values():
-                lane.close()
+        lo = (self.worker + j * self.workers) * b
+        if lo >= count:
+            return []
+        plan = s._plan(self.epoch)
+        lanes = self._lanes
+        hi = min(lo + b, count)
+        places = plan.places(self.cursor + s.rank, s.num_replicas, lo + skip, hi).tolist()
+        out = []
+        for lane_id, window, u in places:  # forward: a lane's windows are read in order
+            lane = lanes.get(lane_id)
+            if lane is None:
+                lane = lanes[lane_id] = _Lane(*plan.lane(lane_id))
+            if lane.window != window:
+                self._load(plan, lane_id, lane, window)
+            order = lane.order
+            out.append(lane.items[u if order is None else order[u]])
+        out.reverse()
+        return out
 
     def _load(self, plan: Any, lane_id: int, lane: _Lane, window: int) -> None:
+        """Read window ``window`` of a lane: continue its open read when the window starts
+        where the read stands, else open the reads from the window's first row."""
         m = self.stream.window
         first = lane.start + window * m
         size = min(m, lane.length - window * m)
         if lane.pos != first:
             lane.close()
-            lane.source = self._reads(plan, first, lane.start + lane.length)
+            lane.segments = plan.segments(first, lane.start + lane.length).tolist()[::-1]
             lane.pos = first
-        assert lane.source is not None
-        lane.items = list(islice(lane.source, size))
+        items: list[Any] = []
+        need = size
+        while need:
+            if lane.left == 0:
+                lane.close_read()
+                shard, start, stop = lane.current = lane.segments.pop()
+                self.reads += 1
+                lane.read = iter(self.stream.read(shard, start, stop))
+                lane.left = stop - start
+            take = min(need, lane.left)
+            got = list(islice(lane.read, take))
+            if len(got) < take:
+                shard, start, stop = lane.current
+                done = stop - start - lane.left + len(got)
+                raise ShardReadError(
+                    f"read({shard}, {start}, {stop}) yielded {done} items and stopped, "
+                    f"but shard {shard} has {int(self.stream.shard_sizes[shard])} rows "
+                    f"according to shard_sizes, so rows [{start + done}, {stop}) are missing: "
+                    "shard_sizes must give each shard's exact number of items"
+                )
+            items += got
+            lane.left -= take
+            need -= take
+        self.rows_read += size
+        lane.items = items
         lane.pos += size
         lane.window = window
         lane.order = (
@@ -507,32 +561,6 @@ class _StreamIterator(Iterator[Any]):
             if self.stream.shuffle and size > 1
             else None
         )
-
-    def _reads(self, plan: Any, lo: int, hi: int) -> Iterator[Any]:
-        """The items of stream rows [lo, hi): shard reads in stream order, each checked."""
-        s = self.stream
-        for shard, start, stop in plan.segments(lo, hi).tolist():
-            self.reads += 1
-            source = iter(s.read(shard, start, stop))
-            got = 0
-            try:
-                while got < stop - start:
-                    try:
-                        item = next(source)
-                    except StopIteration:
-                        raise ShardReadError(
-                            f"read({shard}, {start}, {stop}) yielded {got} items and stopped, "
-                            f"but shard {shard} has {int(s.shard_sizes[shard])} rows according "
-                            f"to shard_sizes, so rows [{start + got}, {stop}) are missing: "
-                            "shard_sizes must give each shard's exact number of items"
-                        ) from None
-                    got += 1
-                    self.rows_read += 1
-                    yield item
-            finally:
-                close = getattr(source, "close", None)
-                if close is not None:
-                    close()
 
     # -- torchdata's Stateful protocol -------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -571,7 +599,7 @@ class _StreamIterator(Iterator[Any]):
         yielded = reader.get("yielded")
         if type(yielded) is not int or yielded < 0:
             raise ValueError(f"state['reader']['yielded'] must be an int >= 0, got {yielded!r}")
-        if self._gen is not None:
+        if self._started:
             raise RuntimeError("load_state_dict on a stream iterator that already started")
         self.epoch, self.cursor, self.yielded = epoch, cursor, yielded
         s.__dict__["epoch"] = epoch

@@ -419,3 +419,23 @@ def test_auto_epoch_and_warning_with_workers(persistent):
         warnings.simplefilter("ignore", fastshard.EpochWarning)
         repeat = epochs(make(1, 0), 2)
     assert repeat[0] == repeat[1] == orders[0]
+
+
+@pytest.mark.parametrize(("lanes", "window"), [(2, 1), (3, 4), (1, 5)])
+def test_one_reader_opens_each_lane_piece_once(lanes, window):
+    """A reader that owns every lane (one rank, no workers) reads each lane front to back:
+    one read() per piece of a chunk in a lane, every row once, also when a batch holds
+    several windows of one lane."""
+    stream = ShardedStream(
+        SIZES, Rows(), batch_size=B, lanes=lanes, window=window, seed=2, num_replicas=1, rank=0
+    )
+    it = iter(stream)
+    assert sorted(x[:2] for x in it) == sorted(
+        (s, r) for s, n in enumerate(SIZES) for r in range(n)
+    )
+    plan = stream._plan(0)
+    pieces = 0
+    for lane in range(lanes):
+        start, length = plan.lane(lane)
+        pieces += len(plan.segments(start, start + length))
+    assert it.reads == pieces and it.rows_read == N

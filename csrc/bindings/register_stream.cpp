@@ -87,6 +87,35 @@ void register_stream(py::module_& m) {
                  return out;
              }, py::arg("lane"), py::arg("window"),
              "Window w of lane l: the window offset of each of its lane rows, in lane order.")
+        .def("places", [](const PyStreamEpoch& s, std::uint64_t base, std::uint64_t step, std::uint64_t lo,
+                          std::uint64_t hi) {
+                 const auto& e = *s.epoch;
+                 const std::uint64_t n = e.rows();
+                 if (lo > hi) throw py::index_error("lo > hi");
+                 if (n == 0 && hi > lo) throw py::index_error("no rows");
+                 py::array_t<std::int64_t> out({static_cast<py::ssize_t>(hi - lo), py::ssize_t{3}});
+                 auto* o = out.mutable_data();
+                 if (hi == lo) return out;
+                 // p = (base + step * i) mod n: the first by double-and-add (n < 2^63, so sums
+                 // of two residues fit), then one addition per step.
+                 const std::uint64_t s_mod = step % n;
+                 std::uint64_t p = base % n, a = s_mod, k = lo;
+                 while (k != 0) {
+                     if (k & 1) p = p + a >= n ? p + a - n : p + a;
+                     a = a + a >= n ? a + a - n : a + a;
+                     k >>= 1;
+                 }
+                 for (std::uint64_t i = lo; i < hi; ++i) {
+                     const auto at = e.place(p);
+                     *o++ = static_cast<std::int64_t>(at.lane);
+                     *o++ = static_cast<std::int64_t>(at.window);
+                     *o++ = static_cast<std::int64_t>(at.u);
+                     p = p + s_mod >= n ? p + s_mod - n : p + s_mod;
+                 }
+                 return out;
+             }, py::arg("base"), py::arg("step"), py::arg("lo"), py::arg("hi"),
+             "(k, 3) int64 array of (lane, window, u) of positions (base + step*i) mod rows, "
+             "i in [lo, hi): where a reader finds each of its items.")
         .def("sequence", [](const PyStreamEpoch& s, std::uint64_t lo, std::uint64_t hi) {
                  const auto& e = *s.epoch;
                  if (lo > hi || hi > e.rows()) throw py::index_error("positions outside [0, rows]");

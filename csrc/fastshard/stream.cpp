@@ -110,11 +110,10 @@ void StreamEpoch::window_order(std::uint64_t l, std::uint64_t w, std::vector<std
 
 StreamEpoch::Item StreamEpoch::locate(std::uint64_t p) const {
     if (p >= rows()) throw std::out_of_range("position outside [0, rows)");
-    const std::uint64_t l = p % lanes_, q = p / lanes_;
-    const std::uint64_t w = q / window_;
+    const Place at = place(p);
     std::vector<std::uint64_t> order;
-    window_order(l, w, order);
-    const std::uint64_t row = lane_start(l) + w * window_ + order[q % window_];
+    window_order(at.lane, at.window, order);
+    const std::uint64_t row = lane_start(at.lane) + at.window * window_ + order[at.u];
     std::vector<StreamSegment> seg;
     segments(row, row + 1, seg);
     return {row, seg[0].shard, seg[0].row_lo};

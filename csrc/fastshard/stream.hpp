@@ -99,6 +99,16 @@ class StreamEpoch {
     // the window's length (window, or what is left of the lane). Appended.
     void window_order(std::uint64_t l, std::uint64_t w, std::vector<std::uint64_t>& out) const;
 
+    // Where position p < rows() of the global sequence is read: lane p mod lanes, and in it
+    // window w and the window's u-th row in lane order (lane row q = p div lanes = w*window + u).
+    struct Place {
+        std::uint64_t lane, window, u;
+    };
+    Place place(std::uint64_t p) const noexcept {
+        const std::uint64_t q = p / lanes_;
+        return {p % lanes_, q / window_, q % window_};
+    }
+
     // Position p < rows() of the global sequence: its stream row, shard and row in the shard.
     struct Item {
         std::uint64_t stream_row, shard, row;
