@@ -54,14 +54,15 @@ struct WindowCache {
 
 }  // namespace
 
-PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads) {
+PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads,
+                       bool with_checksum) {
     if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
     const std::uint64_t n = lengths.n;
     const std::uint64_t blocks = (n + kScanBlock - 1) / kScanBlock;
     struct Part {
         std::int64_t first = -1;
         u128 total = 0;
-        std::uint64_t full = 0, truncated = 0;
+        std::uint64_t full = 0, truncated = 0, checksum = 0;
         std::vector<std::uint64_t> hist;
     };
     std::vector<Part> parts(threads == 0 ? default_threads() : threads);
@@ -75,6 +76,9 @@ PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_
                                 const std::uint64_t end = std::min(n, (b0 + count) * kScanBlock);
                                 for (std::uint64_t k = b0 * kScanBlock; k < end; ++k) {
                                     const T v = data[k];
+                                    if (with_checksum)  // the value as a signed 64-bit word
+                                        p.checksum += length_term(
+                                            static_cast<std::uint64_t>(static_cast<std::int64_t>(v)), k);
                                     if (!(v > 0)) {
                                         if (p.first < 0) p.first = static_cast<std::int64_t>(k);
                                         continue;
@@ -98,17 +102,20 @@ PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_
     });
     PackedScan s;
     u128 total = 0;
+    std::uint64_t checksum = 0;
     if (best_fit) s.histogram.assign(static_cast<std::size_t>(seq_len) + 1, 0);
     for (unsigned i = 0; i < used; ++i) {
         const Part& p = parts[i];
         if (p.first >= 0 && (s.first_nonpositive < 0 || p.first < s.first_nonpositive)) s.first_nonpositive = p.first;
         total += p.total;
+        checksum += p.checksum;
         s.full_pieces += p.full;
         s.truncated_tokens += p.truncated;
         for (std::size_t e = 0; e < p.hist.size(); ++e) s.histogram[e] += p.hist[e];
     }
     s.total_overflow = total > static_cast<u128>(~std::uint64_t{0});
     s.total = s.total_overflow ? ~std::uint64_t{0} : static_cast<std::uint64_t>(total);
+    if (with_checksum) s.checksum = length_checksum(checksum, n);
     return s;
 }
 
@@ -120,6 +127,16 @@ OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t 
     if (window == 0) throw std::invalid_argument("window must be >= 1");
     prefix_ = window_sums(lengths, perm, window, 1, threads,
                           [this](std::uint64_t* row, std::uint64_t v) { *row += this->weight(v); });
+    for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
+}
+
+OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t window, std::uint64_t seq_len,
+                     Weight weight, std::vector<std::uint64_t> window_weights)
+    : lengths_(&lengths), perm_(&perm), window_(window), seq_len_(seq_len), kind_(weight) {
+    if (window == 0) throw std::invalid_argument("window must be >= 1");
+    const std::uint64_t windows = lengths.n == 0 ? 0 : (lengths.n - 1) / window + 1;
+    if (window_weights.size() != windows + 1) throw std::logic_error("OrderSums: one weight per window expected");
+    prefix_ = std::move(window_weights);
     for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
 }
 
@@ -154,12 +171,99 @@ ConcatEpoch::ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool ove
       sums_(lengths_, perm_, window, seq_len, OrderSums::Weight::tokens, threads),
       rows_(0),
       row_perm_(1, 0) {
-    if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
-    if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
+    set_rows(seed, epoch);
+}
+
+ConcatEpoch::ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window,
+                         std::uint64_t seed, std::uint64_t epoch, std::vector<std::uint64_t> window_tokens)
+    : lengths_(lengths),
+      seq_len_(seq_len),
+      overlap_(overlap),
+      perm_(lengths.n == 0 ? 1 : lengths.n, derive_key(kPackedDomain, lengths.n, seed, epoch)),
+      sums_(lengths_, perm_, window, seq_len, OrderSums::Weight::tokens, std::move(window_tokens)),
+      rows_(0),
+      row_perm_(1, 0) {
+    set_rows(seed, epoch);
+}
+
+void ConcatEpoch::set_rows(std::uint64_t seed, std::uint64_t epoch) {
+    if (lengths_.n == 0) throw std::invalid_argument("lengths must not be empty");
+    if (seq_len_ == 0) throw std::invalid_argument("seq_len must be >= 1");
     const std::uint64_t t = sums_.total();
-    rows_ = overlap ? (t > seq_len ? (t - 1) / seq_len : 0) : t / seq_len;
+    rows_ = overlap_ ? (t > seq_len_ ? (t - 1) / seq_len_ : 0) : t / seq_len_;
     if (rows_ == 0) throw std::invalid_argument("the documents hold fewer tokens than one row");
     row_perm_ = Feistel(rows_, derive_key(kPackedDomain + 1, rows_, seed, epoch));
+}
+
+namespace {
+
+// scan_packed's checks and checksum (no best_fit) over one run of items, for concat_start.
+struct CheckPart {
+    std::int64_t first = -1;
+    u128 total = 0;
+    std::uint64_t checksum = 0;
+};
+
+template <class T>
+void check_run(const T* data, std::uint64_t first, std::uint64_t count, CheckPart& p) {
+    u128 total = p.total;
+    std::uint64_t checksum = 0;
+    for (std::uint64_t k = first; k < first + count; ++k) {
+        const T v = data[k];
+        checksum += length_term(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)), k);
+        if (v > 0) {
+            total += static_cast<std::uint64_t>(v);
+        } else if (p.first < 0) {
+            p.first = static_cast<std::int64_t>(k);
+        }
+    }
+    p.total = total;
+    p.checksum += checksum;
+}
+
+}  // namespace
+
+ConcatStart concat_start(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window,
+                         std::uint64_t seed, std::uint64_t epoch, unsigned threads) {
+    if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
+    if (window == 0) throw std::invalid_argument("window must be >= 1");
+    ConcatStart r;
+    const std::uint64_t n = lengths.n;
+    if (n == 0) {
+        r.scan = scan_packed(lengths, seq_len, false, false, threads, true);
+        return r;
+    }
+    if (threads == 0) threads = default_threads();
+    const Feistel perm(n, derive_key(kPackedDomain, n, seed, epoch));  // ConcatEpoch's order
+    std::vector<CheckPart> parts(threads);
+    bool sequential = false;
+    std::vector<std::uint64_t> tokens = window_sums(
+        lengths, perm, window, 1, threads, [](std::uint64_t* row, std::uint64_t v) { *row += v; },
+        [&parts](unsigned part, const auto* data, std::uint64_t first, std::uint64_t count) {
+            check_run(data, first, count, parts[part]);
+        },
+        &sequential);
+    if (sequential) {
+        u128 total = 0;
+        std::uint64_t checksum = 0;
+        for (const CheckPart& p : parts) {  // parts in item order: the first bad item is the first found
+            if (p.first >= 0 && r.scan.first_nonpositive < 0) r.scan.first_nonpositive = p.first;
+            total += p.total;
+            checksum += p.checksum;
+        }
+        r.scan.total_overflow = total > static_cast<u128>(~std::uint64_t{0});
+        r.scan.total = r.scan.total_overflow ? ~std::uint64_t{0} : static_cast<std::uint64_t>(total);
+        r.scan.checksum = length_checksum(checksum, n);
+    } else {
+        r.scan = scan_packed(lengths, seq_len, false, false, threads, true);
+    }
+    // The sums hold garbage where a length is <= 0 (its bits as a uint64): the rows only if not.
+    const std::uint64_t t = r.scan.total;
+    const bool valid = r.scan.first_nonpositive < 0 && !r.scan.total_overflow && t <= (~std::uint64_t{0} >> 1);
+    const std::uint64_t rows = overlap ? (t > seq_len ? (t - 1) / seq_len : 0) : t / seq_len;
+    if (valid && rows != 0)
+        r.epoch = std::make_shared<const ConcatEpoch>(lengths, seq_len, overlap, window, seed, epoch, std::move(tokens));
+    return r;
 }
 
 void ConcatEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>&) const {
