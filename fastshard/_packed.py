@@ -222,6 +222,9 @@ class PackedSampler(_UnitSampler):
     def _rows(self) -> _core.PackedEpoch:
         cached = self._epoch_rows
         if cached is None or cached[0] != self.epoch:
+            # Let the previous epoch's sums go before the new ones are built (a shard or
+            # iterator of that epoch may still hold them), so that two are not kept for nothing.
+            self._epoch_rows = cached = None
             seed, epoch = self.seed % 2**64, self.epoch % 2**64
             if self._layout is not None:
                 rows = _core.best_fit_epoch(self._layout, seed, epoch)

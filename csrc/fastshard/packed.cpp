@@ -197,8 +197,9 @@ void ConcatEpoch::set_rows(std::uint64_t seed, std::uint64_t epoch) {
 
 namespace {
 
-// scan_packed's checks and checksum (no best_fit) over one run of items, for concat_start.
-struct CheckPart {
+// scan_packed's checks and checksum (no best_fit) over one run of items, for concat_start. One
+// cache line per thread's part: the parts are written after every run.
+struct alignas(64) CheckPart {
     std::int64_t first = -1;
     u128 total = 0;
     std::uint64_t checksum = 0;
