@@ -46,6 +46,16 @@ class BestFit {
     std::set<std::pair<std::uint64_t, std::uint64_t>> open_;
 };
 
+// The checksum's terms over a run, in a loop of their own (nothing else in it, so that it runs
+// at the speed of scan_lengths's).
+template <class T>
+std::uint64_t checksum_run(const T* data, std::uint64_t first, std::uint64_t count) {
+    std::uint64_t checksum = 0;
+    for (std::uint64_t k = first; k < first + count; ++k)  // the value as a signed 64-bit word
+        checksum += length_term(static_cast<std::uint64_t>(static_cast<std::int64_t>(data[k])), k);
+    return checksum;
+}
+
 struct WindowCache {
     std::uint64_t window = ~std::uint64_t{0};
     std::vector<std::uint64_t> docs, starts;
@@ -75,10 +85,9 @@ PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_
                                 if (best_fit) p.hist.assign(static_cast<std::size_t>(seq_len) + 1, 0);
                                 const std::uint64_t end = std::min(n, (b0 + count) * kScanBlock);
                                 for (std::uint64_t k = b0 * kScanBlock; k < end; ++k) {
+                                    if (with_checksum && k % kScanBlock == 0)  // the block's, while it is in cache
+                                        p.checksum += checksum_run(data, k, std::min(end - k, kScanBlock));
                                     const T v = data[k];
-                                    if (with_checksum)  // the value as a signed 64-bit word
-                                        p.checksum += length_term(
-                                            static_cast<std::uint64_t>(static_cast<std::int64_t>(v)), k);
                                     if (!(v > 0)) {
                                         if (p.first < 0) p.first = static_cast<std::int64_t>(k);
                                         continue;
@@ -207,19 +216,40 @@ struct alignas(64) CheckPart {
 
 template <class T>
 void check_run(const T* data, std::uint64_t first, std::uint64_t count, CheckPart& p) {
-    u128 total = p.total;
-    std::uint64_t checksum = 0;
+    p.checksum += checksum_run(data, first, count);
+    const auto note_first = [&] {
+        for (std::uint64_t k = first; k < first + count; ++k) {
+            if (!(data[k] > 0)) {
+                p.first = static_cast<std::int64_t>(k);
+                return;
+            }
+        }
+    };
+    if (sizeof(T) <= 4 && count < (std::uint64_t{1} << 32)) {
+        // Lengths of up to 32 bits: a run of < 2^32 of them sums in 64 bits, and a length <= 0
+        // is looked for only where the run's smallest is one.
+        std::uint64_t total = 0;
+        T least = data[first];
+        for (std::uint64_t k = first; k < first + count; ++k) {
+            const T v = data[k];
+            total += static_cast<std::uint64_t>(v > 0 ? v : 0);
+            least = v < least ? v : least;
+        }
+        p.total += total;
+        if (!(least > 0) && p.first < 0) note_first();
+        return;
+    }
+    u128 total = 0;
     for (std::uint64_t k = first; k < first + count; ++k) {
         const T v = data[k];
-        checksum += length_term(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)), k);
-        if (v > 0) {
-            total += static_cast<std::uint64_t>(v);
-        } else if (p.first < 0) {
-            p.first = static_cast<std::int64_t>(k);
-        }
+        if (v > 0) total += static_cast<std::uint64_t>(v);
     }
-    p.total = total;
-    p.checksum += checksum;
+    p.total += total;
+    if (p.first < 0) {
+        T least = data[first];
+        for (std::uint64_t k = first; k < first + count; ++k) least = data[k] < least ? data[k] : least;
+        if (!(least > 0)) note_first();
+    }
 }
 
 }  // namespace
