@@ -5,12 +5,19 @@ and 10^9 documents.
     python bench/packing.py window [--n 1e7]
     python bench/packing.py megatron [--n 1e7 1e8]
     python bench/packing.py efficiency [--n 1e7] [--grain-n 1e5]
-    python bench/packing.py huge [--n 1e9]
+    python bench/packing.py huge [--n 1e9] [--cold]
 
 Every measurement of time and memory runs in a fresh child process. Memory is the peak of
 RssAnon (anonymous resident memory: what the process allocated, not the page cache of the
 lengths memmap, which both sides read alike) above its value before the measured call,
-sampled every 2 ms by a thread. Lengths live in a uint32 memmap file under --dir.
+sampled every 2 ms by a thread; the child also reports its VmHWM (peak resident set over its
+whole life, imports and the mapped lengths' pages included) and its VmRSS before the call.
+Lengths live in a uint32 memmap file under --dir.
+
+--base-python PY runs the fastshard side also with another interpreter (another build of
+fastshard, e.g. the commit before a change), interleaved with this one, --repeat times: a
+before/after in one run on a shared machine. --cold drops the lengths file from the page cache
+(posix_fadvise DONTNEED, this file only) before each child.
 
 Run it outside the source tree's root so that `import fastshard` is the installed build.
 """
@@ -31,12 +38,17 @@ import numpy as np
 SEQ = 4096
 
 
-def rss_anon() -> int:
+def proc_status(key: str) -> int:
+    """A size field of /proc/self/status in bytes (0 where there is none)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_anon() -> int:
+    return proc_status("RssAnon")
 
 
 class Peak:
@@ -113,6 +125,8 @@ def child(args: argparse.Namespace) -> None:
         import fastshard
 
         mode = "best_fit" if args.impl == "fastshard_best_fit" else "concat"
+    rss_before = proc_status("VmRSS")
+    cpu0 = os.times()
     t0 = time.perf_counter()
     with Peak() as peak:
         if args.impl == "megatron":
@@ -131,18 +145,57 @@ def child(args: argparse.Namespace) -> None:
             row = s[0]
             info = (len(s), int(row.shape[0]))
     dt = time.perf_counter() - t0
+    cpu1 = os.times()
+    mib = 2**20
     print(
         json.dumps(
-            {"impl": args.impl, "seconds": dt, "peak_mib": peak.growth / 2**20, "info": info}
+            {
+                "impl": args.impl,
+                "seconds": dt,
+                "cpu_user_s": cpu1.user - cpu0.user,
+                "cpu_sys_s": cpu1.system - cpu0.system,
+                "peak_mib": peak.growth / mib,
+                "vmhwm_mib": proc_status("VmHWM") / mib,
+                "vmrss_before_mib": rss_before / mib,
+                "rss_file_mib": proc_status("RssFile") / mib,
+                "info": info,
+            }
         )
     )
 
 
-def run_child(impl: str, path: Path, seq_len: int, world: int = 1, window: int = 0) -> dict:
-    cmd = [sys.executable, __file__, "child", "--impl", impl, "--path", str(path)]
+def drop_cache(path: Path) -> None:
+    """This file's clean pages out of the page cache (no other file is touched)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run_child(
+    impl: str,
+    path: Path,
+    seq_len: int,
+    world: int = 1,
+    window: int = 0,
+    python: str | None = None,
+    cold: bool = False,
+) -> dict:
+    if cold:
+        drop_cache(path)
+    cmd = [python or sys.executable, __file__, "child", "--impl", impl, "--path", str(path)]
     cmd += ["--seq-len", str(seq_len), "--world", str(world), "--window", str(window)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if python:
+        r["python"] = python
+    return r
+
+
+def fastshard_sides(args: argparse.Namespace) -> list[str | None]:
+    """The interpreters the fastshard side runs with: this one, then --base-python."""
+    return [None] + ([args.base_python] if args.base_python else [])
 
 
 def megatron(args: argparse.Namespace) -> None:
@@ -151,10 +204,12 @@ def megatron(args: argparse.Namespace) -> None:
         lengths = pretrain_lengths(n, path)
         tokens = int(lengths.sum(dtype=np.uint64))
         del lengths
-        for impl in ("fastshard_concat", "megatron"):
-            r = run_child(impl, path, SEQ)
-            r.update(n=n, tokens=tokens, seq_len=SEQ)
-            print(json.dumps(r), flush=True)
+        for _ in range(args.repeat):
+            runs = [("fastshard_concat", py) for py in fastshard_sides(args)] + [("megatron", None)]
+            for impl, py in runs:
+                r = run_child(impl, path, SEQ, python=py)
+                r.update(n=n, tokens=tokens, seq_len=SEQ)
+                print(json.dumps(r), flush=True)
 
 
 def window(args: argparse.Namespace) -> None:
@@ -328,9 +383,11 @@ def huge(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     pretrain_lengths(n, path)
     print(json.dumps({"made_lengths_s": time.perf_counter() - t0}), flush=True)
-    r = run_child("fastshard_concat", path, SEQ, world=8)
-    r.update(n=n, world=8, rank=0)
-    print(json.dumps(r), flush=True)
+    for _ in range(args.repeat):
+        for py in fastshard_sides(args):
+            r = run_child("fastshard_concat", path, SEQ, world=8, python=py, cold=args.cold)
+            r.update(n=n, world=8, rank=0, cold=args.cold)
+            print(json.dumps(r), flush=True)
 
 
 def main() -> None:
@@ -344,6 +401,9 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=SEQ)
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--window", type=int, default=0)
+    p.add_argument("--base-python", default=None)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--cold", action="store_true")
     args = p.parse_args()
     {
         "window": window,

@@ -77,6 +77,16 @@ class AliasTable:
 def feistel_network(
     n: int, seed: int, epoch: int, table_max: int, rounds: int = 8
 ) -> npt.NDArray[np.int64]: ...
+def _feistel_points(
+    n: int,
+    seed: int,
+    epoch: int,
+    points: npt.NDArray[np.int64],
+    inverse: bool = False,
+    domain: int = 1,
+    table_max: int = 1024,
+    rounds: int = 8,
+) -> npt.NDArray[np.int64]: ...
 def plan_lengths(
     n: int, num_replicas: int, rank: int, drop_last: bool, pad: bool, cursor: int
 ) -> tuple[int, int]: ...
@@ -210,8 +220,12 @@ def length_shard(
 PACKED_DOMAIN: int
 
 def scan_packed(
-    lengths: npt.NDArray[np.integer], seq_len: int, best_fit: bool = False, split: bool = False
-) -> tuple[int, int, bool, int, int]: ...
+    lengths: npt.NDArray[np.integer],
+    seq_len: int,
+    best_fit: bool = False,
+    split: bool = False,
+    checksum: bool = False,
+) -> tuple[int, int, bool, int, int, int]: ...
 
 class PackLayout:
     def __init__(
@@ -249,6 +263,14 @@ def concat_epoch(
     seed: int,
     epoch: int,
 ) -> PackedEpoch: ...
+def concat_start(
+    lengths: npt.NDArray[np.integer],
+    seq_len: int,
+    overlap: bool,
+    window: int,
+    seed: int,
+    epoch: int,
+) -> tuple[int, int, bool, int, PackedEpoch | None]: ...
 def best_fit_epoch(layout: PackLayout, seed: int, epoch: int) -> PackedEpoch: ...
 
 class PackedShard:

@@ -3,6 +3,7 @@ described by the (document, start, stop) token segments that fill it."""
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any, cast
@@ -36,6 +37,17 @@ MAX_BEST_FIT_SEQ_LEN = 2**22
 _MAX_ROW_TOKENS = 2**62
 
 
+def _seed_or_none(seed: Any) -> int | None:
+    """The seed as an int where it is one (bool excepted), else None: None and bad seeds are
+    left to the shared argument checks, which come after the lengths' own checks."""
+    if isinstance(seed, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(seed)
+    except TypeError:
+        return None
+
+
 class PackedSampler(_UnitSampler):
     """Rows of ``seq_len`` tokens packed from variable-length documents, computed on the fly,
     for distributed training at any size. Use as
@@ -66,9 +78,11 @@ class PackedSampler(_UnitSampler):
     another number of ranks are those of every fastshard sampler, in rows.
 
     Cost: beyond the lengths (read in place, never copied), one uint64 per ``window``
-    documents per rank; once per epoch one threaded scan of the epoch's order (a random read
-    of every length); best_fit also keeps a (windows x classes) count table per epoch and the
-    window a rank reads (about 24 bytes per document of it).
+    documents per rank; once per epoch one threaded sequential read of the lengths, each
+    placed in the epoch's order by the inverse permutation (concat with a ``seed`` given: the
+    construction's one read of the lengths also does epoch 0's); best_fit also keeps a
+    (windows x classes) count table per epoch and the window a rank reads (about 24 bytes per
+    document of it).
 
     Parameters
     ----------
@@ -132,7 +146,18 @@ class PackedSampler(_UnitSampler):
         self.mode = mode
         self.long_docs = long_docs
         self.window = window or (BEST_FIT_WINDOW if best_fit else CONCAT_WINDOW)
-        first_bad, total, overflow, _, _ = _core.scan_packed(arr, 1)
+        # concat with a seed given: one sequential read of the lengths checks them, takes their
+        # checksum and counts the tokens of epoch 0's windows (its rows, kept for the first
+        # epoch if it is still epoch 0 when first read). Otherwise one read checks them and
+        # takes the checksum, and the epoch's rows come from a read of their own when needed.
+        start_seed = None if best_fit else _seed_or_none(seed)
+        first_rows: Any = None
+        if start_seed is not None:
+            first_bad, total, overflow, checksum, first_rows = _core.concat_start(
+                arr, self.seq_len, self.overlap, self.window, start_seed % 2**64, 0
+            )
+        else:
+            first_bad, total, overflow, _, _, checksum = _core.scan_packed(arr, 1, checksum=True)
         if first_bad >= 0:
             raise ValueError(
                 f"lengths[{first_bad}] = {arr[first_bad]}: every document must hold at least one "
@@ -145,7 +170,7 @@ class PackedSampler(_UnitSampler):
         self.lengths = arr
         self._n = len(arr)
         self.dataset = range(self._n)
-        self.lengths_checksum = int(_core.scan_lengths(arr)[3])
+        self.lengths_checksum = int(checksum)  # scan_lengths's
         self._layout: Any = None
         if best_fit:
             self._layout = _core.PackLayout(arr, self.seq_len, long_docs == "split", self.window)
@@ -169,6 +194,8 @@ class PackedSampler(_UnitSampler):
         )
         self._epoch_rows: Any = None  # (epoch, _core.PackedEpoch) of the latest epoch used
         self._start_pass()
+        if first_rows is not None:  # epoch 0's, built with self.seed (the same integer)
+            self._epoch_rows = (0, first_rows)
 
     _FROZEN = _UnitSampler._FROZEN | {"seq_len", "mode", "overlap", "long_docs"}
 
@@ -195,6 +222,9 @@ class PackedSampler(_UnitSampler):
     def _rows(self) -> _core.PackedEpoch:
         cached = self._epoch_rows
         if cached is None or cached[0] != self.epoch:
+            # Let the previous epoch's sums go before the new ones are built (a shard or
+            # iterator of that epoch may still hold them), so that two are not kept for nothing.
+            self._epoch_rows = cached = None
             seed, epoch = self.seed % 2**64, self.epoch % 2**64
             if self._layout is not None:
                 rows = _core.best_fit_epoch(self._layout, seed, epoch)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
 import fastshard
-from fastshard import BatchSampler, DistributedSampler
+from fastshard import BatchSampler, DistributedSampler, _core
 
 from .conftest import child_peak_growth_kib, linux_only, run_python
 
@@ -334,3 +334,54 @@ def test_dataloader_integration():
 
 def test_version():
     assert isinstance(fastshard.__version__, str) and fastshard.__version__.count(".") >= 2
+
+
+# -- the inverse of the feistel order (Feistel::invert) ---------------------------------------
+def feistel_points(n, seed, points, inverse=False, **kw):
+    return _core._feistel_points(n, seed, 0, np.asarray(points, dtype=np.int64), inverse, **kw)
+
+
+def test_feistel_invert_whole_small_domains():
+    # The table (n <= 1024) and the bare network with cycle walking (table_max=0), any rounds.
+    for n in [1, 2, 3, 5, 64, 1000, 1024, 1025, 2047, 2048, 2049, 5000]:
+        x = np.arange(n)
+        for kw in ({}, {"table_max": 0}, {"table_max": 0, "rounds": 3}):
+            for seed in (0, 2**64 - 1):
+                p = feistel_points(n, seed, x, **kw)
+                assert np.array_equal(np.sort(p), x)
+                assert np.array_equal(feistel_points(n, seed, p, inverse=True, **kw), x), (n, kw)
+                assert np.array_equal(feistel_points(n, seed, x, inverse=True, **kw)[p], x)
+    # apply is the sampler's order itself, so invert inverts the order samplers use.
+    for n in (100, 1025, 65_537):
+        assert np.array_equal(
+            feistel_points(n, 3, np.arange(n)), _core.feistel_network(n, 3, 0, 1024)
+        )
+
+
+@pytest.mark.parametrize("n", [2**20 + 1, 10**9, 2**40 + 3, 2**62 + 12345, 2**63 - 1])
+def test_feistel_invert_random_points_of_large_domains(n):
+    rng = np.random.default_rng(n % 2**32)
+    x = np.concatenate([rng.integers(0, n, 20_000), [0, 1, n - 2, n - 1]])
+    for domain in (1, _core.PACKED_DOMAIN):
+        p = feistel_points(n, 7, x, domain=domain)
+        assert p.min() >= 0 and p.max() < n
+        assert np.array_equal(feistel_points(n, 7, p, inverse=True, domain=domain), x)
+        assert np.array_equal(
+            feistel_points(n, 7, feistel_points(n, 7, x, True, domain=domain), domain=domain), x
+        )
+
+
+def test_feistel_invert_fails_when_wrong():
+    # The checks above are not vacuous: another key, another n or applying twice does not
+    # invert, and points outside [0, n) are refused.
+    n = 10**6
+    x = np.arange(0, n, 37)
+    p = feistel_points(n, 7, x)
+    assert not np.array_equal(p, x)
+    assert np.mean(feistel_points(n, 8, p, inverse=True) == x) < 0.01
+    assert np.mean(feistel_points(n, 7, p) == x) < 0.01
+    assert np.mean(feistel_points(n + 1, 7, p, inverse=True) == x) < 0.01
+    assert np.mean(feistel_points(n, 7, p, inverse=True, rounds=7) == x) < 0.01
+    for bad in ([n], [-1]):
+        with pytest.raises(ValueError, match="points"):
+            feistel_points(n, 7, bad)

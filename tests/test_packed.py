@@ -385,3 +385,70 @@ def test_lengths_must_match_offsets():
     data = PackedTokens(tokens, offsets, 32)
     with pytest.raises(ValueError, match="outside document"):
         data[np.array([[10, 0, int(lengths[10]) + 1]])]
+
+
+# -- the construction's one read of the lengths (concat_start) ----------------------------------
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+)
+def test_construction_checksum_is_scan_lengths(dtype):
+    from fastshard import _core
+
+    rng = np.random.default_rng(3)
+    arr = rng.integers(1, 100, 70_000).astype(dtype)
+    want = int(_core.scan_lengths(arr)[3])
+    for kw in ({"seed": 0}, {"seed": np.int64(5)}, {"mode": "best_fit"}):
+        s = PackedSampler(arr, 16, num_replicas=2, rank=1, **kw)
+        assert s.lengths_checksum == want, kw
+    assert _core.scan_packed(arr, 1, checksum=True)[5] == want
+    assert _core.concat_start(arr, 16, False, 256, 9, 0)[3] == want
+    assert _core.concat_start(arr[:1], 1, False, 256, 9, 0)[3] == _core.scan_lengths(arr[:1])[3]
+    # Bad lengths: the same checks and checksum, and no rows.
+    bad = arr.copy()
+    bad[[123, 45_678]] = 0
+    first, _, _, checksum, rows = _core.concat_start(bad, 16, False, 256, 9, 0)
+    assert (first, checksum, rows) == (123, _core.scan_lengths(bad)[3], None)
+
+
+@pytest.mark.parametrize("window", [1, 7, 256, 100_000])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_construction_rows_equal_the_epoch_built_later(window, overlap):
+    # Epoch 0's rows, built during construction, are the rows concat_epoch builds on its own.
+    from fastshard import _core
+
+    lengths, _, _ = corpus(30_000, seed=4)
+    first, total, overflow, _, rows = _core.concat_start(lengths, 64, overlap, window, 11, 0)
+    assert (first, total, overflow) == (-1, int(lengths.sum()), False)
+    later = _core.concat_epoch(lengths, 64, overlap, window, 11, 0)
+    assert rows is not None and rows.num_rows == later.num_rows
+    a = _core.packed_shard(rows, 1, 0, False, 0)
+    b = _core.packed_shard(later, 1, 0, False, 0)
+    for g in range(0, later.num_rows, 97):
+        assert np.array_equal(a.global_row(g), b.global_row(g)), g
+    # Through the sampler: epoch 0 kept from construction, then rebuilt after another epoch.
+    s = PackedSampler(lengths, 64, overlap=overlap, window=window, seed=11, num_replicas=3, rank=2)
+    assert s._epoch_rows is not None and s._epoch_rows[0] == 0
+    first_pass = rows_of(s)
+    s.set_epoch(1)
+    rows_of(s)
+    s.set_epoch(0)
+    again = rows_of(s)
+    assert len(again) == len(first_pass)
+    assert all(np.array_equal(x, y) for x, y in zip(first_pass, again))
+
+
+def test_construction_without_a_sequential_read():
+    # Windows so small that no window table fits: the sums walk positions, and the checks and
+    # checksum are a scan of their own, with the same results.
+    from fastshard import _core
+
+    n = 2**21 + 5
+    arr = (np.arange(n) % 7 + 1).astype(np.uint8)
+    first, total, overflow, checksum, rows = _core.concat_start(arr, 100, True, 1, 2, 0)
+    assert (first, total, overflow) == (-1, int(arr.sum(dtype=np.int64)), False)
+    assert checksum == _core.scan_lengths(arr)[3]
+    later = _core.concat_epoch(arr, 100, True, 1, 2, 0)
+    a = _core.packed_shard(rows, 1, 0, False, 0)
+    b = _core.packed_shard(later, 1, 0, False, 0)
+    for g in range(0, later.num_rows, 4099):
+        assert np.array_equal(a.global_row(g), b.global_row(g)), g

@@ -53,19 +53,21 @@ py::array_t<std::int64_t> row_of(const PyPackedShard& s, std::uint64_t g) {
 void register_packed(py::module_& m) {
     m.attr("PACKED_DOMAIN") = fastshard::kPackedDomain;
 
-    m.def("scan_packed", [](const py::array& a, std::uint64_t seq_len, bool best_fit, bool split) {
+    m.def("scan_packed", [](const py::array& a, std::uint64_t seq_len, bool best_fit, bool split, bool checksum) {
               const LengthsView arg = lengths_arg(a);
               fastshard::PackedScan s;
               {
                   // Safe without the GIL: `a` is held by this call and only read.
                   py::gil_scoped_release release;
-                  s = fastshard::scan_packed(arg.view, seq_len, best_fit, split, 0);
+                  s = fastshard::scan_packed(arg.view, seq_len, best_fit, split, 0, checksum);
               }
               return py::make_tuple(s.first_nonpositive, s.total, s.total_overflow, s.full_pieces,
-                                    s.truncated_tokens);
+                                    s.truncated_tokens, s.checksum);
           }, py::arg("lengths"), py::arg("seq_len"), py::arg("best_fit") = false, py::arg("split") = false,
+          py::arg("checksum") = false,
           "(first index of a length <= 0 or -1, total tokens, whether the total overflowed 64 bits, "
-          "full pieces of split documents, truncated tokens) in one threaded pass.");
+          "full pieces of split documents, truncated tokens, the lengths checksum of scan_lengths or 0 "
+          "without `checksum`) in one threaded pass.");
 
     py::class_<PyPackLayout>(m, "PackLayout", "best_fit: classes and every window's row count (immutable).")
         .def(py::init([](const py::array& a, std::uint64_t seq_len, bool split, std::uint64_t window,
@@ -109,6 +111,27 @@ void register_packed(py::module_& m) {
           },
           py::arg("lengths"), py::arg("seq_len"), py::arg("overlap"), py::arg("window"), py::arg("seed"),
           py::arg("epoch"), "concat rows of an epoch: one threaded scan of the epoch's order. Lengths >= 1.");
+
+    m.def("concat_start",
+          [](const py::array& a, std::uint64_t seq_len, bool overlap, std::uint64_t window, std::uint64_t seed,
+             std::uint64_t epoch) {
+              const LengthsView arg = lengths_arg(a);
+              fastshard::ConcatStart start;
+              {
+                  // Safe without the GIL: the array is held by this call and only read.
+                  py::gil_scoped_release release;
+                  start = fastshard::concat_start(arg.view, seq_len, overlap, window, seed, epoch, 0);
+              }
+              py::object rows = py::none();
+              if (start.epoch) rows = py::cast(PyRows{arg.owner, start.epoch, nullptr});
+              return py::make_tuple(start.scan.first_nonpositive, start.scan.total, start.scan.total_overflow,
+                                    start.scan.checksum, rows);
+          },
+          py::arg("lengths"), py::arg("seq_len"), py::arg("overlap"), py::arg("window"), py::arg("seed"),
+          py::arg("epoch"),
+          "A concat sampler's construction in one sequential read: (first index of a length <= 0 or -1, "
+          "total tokens, whether the total overflowed 64 bits, the lengths checksum of scan_lengths, the "
+          "rows of epoch `epoch` as concat_epoch builds them, or None where the lengths hold no rows).");
 
     m.def("best_fit_epoch",
           [](const PyPackLayout& l, std::uint64_t seed, std::uint64_t epoch) {

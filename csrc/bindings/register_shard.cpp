@@ -185,6 +185,37 @@ void register_shard(py::module_& m) {
           "The feistel order's permutation of [0, n) with the small-domain table limited to "
           "table_max and the given number of rounds (for studying the bare network; the public "
           "order uses the defaults).");
+    m.def("_feistel_points",
+          [](std::uint64_t n, std::uint64_t seed, std::uint64_t epoch, const py::array_t<std::int64_t>& points,
+             bool inverse, std::uint64_t domain, std::uint64_t table_max, int rounds) {
+              if (n == 0 || n >= (std::uint64_t{1} << 63)) throw py::value_error("n must be in [1, 2**63)");
+              if (table_max > fastshard::Feistel::kTableMax) throw py::value_error("table_max too large");
+              if (rounds < 1 || rounds > fastshard::Feistel::kMaxRounds)
+                  throw py::value_error("rounds must be in [1, 32]");
+              if (points.ndim() != 1) throw py::value_error("points must be 1-D");
+              const auto count = static_cast<std::size_t>(points.shape(0));
+              py::array_t<std::int64_t> out(static_cast<py::ssize_t>(count));
+              auto* x = reinterpret_cast<std::uint64_t*>(out.mutable_data());
+              const auto in = points.unchecked<1>();
+              for (std::size_t i = 0; i < count; ++i) {
+                  const std::int64_t v = in(static_cast<py::ssize_t>(i));
+                  if (v < 0 || static_cast<std::uint64_t>(v) >= n) throw py::value_error("points must be in [0, n)");
+                  x[i] = static_cast<std::uint64_t>(v);
+              }
+              {
+                  // Safe without the GIL: `out` is not yet visible to Python.
+                  py::gil_scoped_release release;
+                  const fastshard::Feistel perm(n, fastshard::derive_key(domain, n, seed, epoch), table_max, rounds);
+                  if (inverse) perm.invert(x, count);
+                  else perm.apply(x, count);
+              }
+              return out;
+          }, py::arg("n"), py::arg("seed"), py::arg("epoch"), py::arg("points"), py::arg("inverse") = false,
+          py::arg("domain") = fastshard::kFeistelDomain, py::arg("table_max") = fastshard::Feistel::kTableMax,
+          py::arg("rounds") = fastshard::Feistel::kRounds,
+          "Private, for tests: P(x) (or P^-1(x) with `inverse`) for each point x in [0, n) of the order of "
+          "(n, seed, epoch) under `domain` (1: the feistel sampler's order; PACKED_DOMAIN: the packed "
+          "document order), with the small-domain table limited to table_max and the given rounds.");
     m.def("torch_randperm", [](std::uint64_t n, std::uint32_t seed, const std::string& algorithm) {
               const auto a = parse_torch_shuffle(algorithm, "algorithm");
               if (n > (std::uint64_t{1} << 32)) throw py::value_error("n must be <= 2**32");

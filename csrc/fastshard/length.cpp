@@ -24,7 +24,6 @@ struct ScanPart {
 template <class T>
 void scan_block(const T* data, std::uint64_t first, std::uint64_t len, ScanPart& p, double& sum) {
     std::uint64_t max = p.max, checksum = 0;
-    std::uint64_t position_hash = first * kGolden;
     double s = 0.0;
     bool negative = false;
     for (std::uint64_t k = first; k < first + len; ++k) {
@@ -35,8 +34,7 @@ void scan_block(const T* data, std::uint64_t first, std::uint64_t len, ScanPart&
         const auto u = static_cast<std::uint64_t>(v);
         max = u > max ? u : max;
         s += static_cast<double>(u);
-        checksum += mix64(bits + position_hash);
-        position_hash += kGolden;
+        checksum += length_term(bits, k);
     }
     p.max = max;
     p.checksum += checksum;
@@ -188,7 +186,7 @@ LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
         checksum += p.checksum;  // order-free: the same for any split into parts
     }
     for (const double b : sums) s.sum += b;  // in block order: the same on every machine
-    s.checksum = mix64(checksum ^ n);
+    s.checksum = length_checksum(checksum, n);
     return s;
 }
 

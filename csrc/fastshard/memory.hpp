@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <memory>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -45,6 +47,35 @@ HugeArray<T> make_huge_array(std::size_t count) {
     if (p == nullptr) p = std::malloc(bytes);
     if (p == nullptr) throw std::bad_alloc();
     return HugeArray<T>(static_cast<T*>(p));
+}
+
+// Zeroed storage for `count` words of a table the caller adds into at random places: on Linux
+// with 2 MiB pages where the kernel gives them, so that the adds do not also miss the TLB (a
+// table of 31 MB in 4 KiB pages has 7,600 of them, several times what the TLB holds).
+template <class T>
+HugeArray<T> make_huge_zeros(std::size_t count) {
+    HugeArray<T> a = make_huge_array<T>(count);
+    for (std::size_t i = 0; i < count; ++i) a[i] = T{};
+    return a;
+}
+
+// v.assign(count, T{}) where v's storage, if allocated here, is marked MADV_HUGEPAGE first (its
+// 2 MiB-aligned interior: the hint applies to whole huge pages) and only then touched.
+template <class T>
+void assign_huge_zeros(std::vector<T>& v, std::size_t count) {
+    v.clear();
+#if defined(__linux__)
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    if (count * sizeof(T) >= 2 * kHuge && v.capacity() < count) {
+        std::vector<T>().swap(v);
+        v.reserve(count);  // allocated, not yet touched
+        const auto begin = reinterpret_cast<std::uintptr_t>(v.data());
+        const std::uintptr_t lo = (begin + kHuge - 1) / kHuge * kHuge;
+        const std::uintptr_t hi = (begin + count * sizeof(T)) / kHuge * kHuge;
+        if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint
+    }
+#endif
+    v.assign(count, T{});
 }
 
 }  // namespace fastshard

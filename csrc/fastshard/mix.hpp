@@ -59,6 +59,14 @@ constexpr unsigned bit_width(std::uint64_t v) noexcept {
 
 constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 
+// The lengths checksum (scan_lengths, PackedSampler's guard): the wrapping sum over items of
+// length_term(the value as a signed 64-bit word, its index), finished by length_checksum. A sum,
+// so any split of the items into parts gives the same checksum.
+constexpr std::uint64_t length_term(std::uint64_t bits, std::uint64_t index) noexcept {
+    return mix64(bits + index * kGolden);
+}
+constexpr std::uint64_t length_checksum(std::uint64_t sum, std::uint64_t n) noexcept { return mix64(sum ^ n); }
+
 // A counter-based stream of 64-bit words from one key (SplitMix64).
 class SplitMix64 {
   public:

@@ -46,6 +46,16 @@ class BestFit {
     std::set<std::pair<std::uint64_t, std::uint64_t>> open_;
 };
 
+// The checksum's terms over a run, in a loop of their own (nothing else in it, so that it runs
+// at the speed of scan_lengths's).
+template <class T>
+std::uint64_t checksum_run(const T* data, std::uint64_t first, std::uint64_t count) {
+    std::uint64_t checksum = 0;
+    for (std::uint64_t k = first; k < first + count; ++k)  // the value as a signed 64-bit word
+        checksum += length_term(static_cast<std::uint64_t>(static_cast<std::int64_t>(data[k])), k);
+    return checksum;
+}
+
 struct WindowCache {
     std::uint64_t window = ~std::uint64_t{0};
     std::vector<std::uint64_t> docs, starts;
@@ -54,14 +64,15 @@ struct WindowCache {
 
 }  // namespace
 
-PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads) {
+PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads,
+                       bool with_checksum) {
     if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
     const std::uint64_t n = lengths.n;
     const std::uint64_t blocks = (n + kScanBlock - 1) / kScanBlock;
     struct Part {
         std::int64_t first = -1;
         u128 total = 0;
-        std::uint64_t full = 0, truncated = 0;
+        std::uint64_t full = 0, truncated = 0, checksum = 0;
         std::vector<std::uint64_t> hist;
     };
     std::vector<Part> parts(threads == 0 ? default_threads() : threads);
@@ -74,6 +85,8 @@ PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_
                                 if (best_fit) p.hist.assign(static_cast<std::size_t>(seq_len) + 1, 0);
                                 const std::uint64_t end = std::min(n, (b0 + count) * kScanBlock);
                                 for (std::uint64_t k = b0 * kScanBlock; k < end; ++k) {
+                                    if (with_checksum && k % kScanBlock == 0)  // the block's, while it is in cache
+                                        p.checksum += checksum_run(data, k, std::min(end - k, kScanBlock));
                                     const T v = data[k];
                                     if (!(v > 0)) {
                                         if (p.first < 0) p.first = static_cast<std::int64_t>(k);
@@ -98,17 +111,20 @@ PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_
     });
     PackedScan s;
     u128 total = 0;
+    std::uint64_t checksum = 0;
     if (best_fit) s.histogram.assign(static_cast<std::size_t>(seq_len) + 1, 0);
     for (unsigned i = 0; i < used; ++i) {
         const Part& p = parts[i];
         if (p.first >= 0 && (s.first_nonpositive < 0 || p.first < s.first_nonpositive)) s.first_nonpositive = p.first;
         total += p.total;
+        checksum += p.checksum;
         s.full_pieces += p.full;
         s.truncated_tokens += p.truncated;
         for (std::size_t e = 0; e < p.hist.size(); ++e) s.histogram[e] += p.hist[e];
     }
     s.total_overflow = total > static_cast<u128>(~std::uint64_t{0});
     s.total = s.total_overflow ? ~std::uint64_t{0} : static_cast<std::uint64_t>(total);
+    if (with_checksum) s.checksum = length_checksum(checksum, n);
     return s;
 }
 
@@ -120,6 +136,16 @@ OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t 
     if (window == 0) throw std::invalid_argument("window must be >= 1");
     prefix_ = window_sums(lengths, perm, window, 1, threads,
                           [this](std::uint64_t* row, std::uint64_t v) { *row += this->weight(v); });
+    for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
+}
+
+OrderSums::OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t window, std::uint64_t seq_len,
+                     Weight weight, std::vector<std::uint64_t> window_weights)
+    : lengths_(&lengths), perm_(&perm), window_(window), seq_len_(seq_len), kind_(weight) {
+    if (window == 0) throw std::invalid_argument("window must be >= 1");
+    const std::uint64_t windows = lengths.n == 0 ? 0 : (lengths.n - 1) / window + 1;
+    if (window_weights.size() != windows + 1) throw std::logic_error("OrderSums: one weight per window expected");
+    prefix_ = std::move(window_weights);
     for (std::size_t w = 1; w < prefix_.size(); ++w) prefix_[w] += prefix_[w - 1];
 }
 
@@ -154,12 +180,121 @@ ConcatEpoch::ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool ove
       sums_(lengths_, perm_, window, seq_len, OrderSums::Weight::tokens, threads),
       rows_(0),
       row_perm_(1, 0) {
-    if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
-    if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
+    set_rows(seed, epoch);
+}
+
+ConcatEpoch::ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window,
+                         std::uint64_t seed, std::uint64_t epoch, std::vector<std::uint64_t> window_tokens)
+    : lengths_(lengths),
+      seq_len_(seq_len),
+      overlap_(overlap),
+      perm_(lengths.n == 0 ? 1 : lengths.n, derive_key(kPackedDomain, lengths.n, seed, epoch)),
+      sums_(lengths_, perm_, window, seq_len, OrderSums::Weight::tokens, std::move(window_tokens)),
+      rows_(0),
+      row_perm_(1, 0) {
+    set_rows(seed, epoch);
+}
+
+void ConcatEpoch::set_rows(std::uint64_t seed, std::uint64_t epoch) {
+    if (lengths_.n == 0) throw std::invalid_argument("lengths must not be empty");
+    if (seq_len_ == 0) throw std::invalid_argument("seq_len must be >= 1");
     const std::uint64_t t = sums_.total();
-    rows_ = overlap ? (t > seq_len ? (t - 1) / seq_len : 0) : t / seq_len;
+    rows_ = overlap_ ? (t > seq_len_ ? (t - 1) / seq_len_ : 0) : t / seq_len_;
     if (rows_ == 0) throw std::invalid_argument("the documents hold fewer tokens than one row");
     row_perm_ = Feistel(rows_, derive_key(kPackedDomain + 1, rows_, seed, epoch));
+}
+
+namespace {
+
+// scan_packed's checks and checksum (no best_fit) over one run of items, for concat_start. One
+// cache line per thread's part: the parts are written after every run.
+struct alignas(64) CheckPart {
+    std::int64_t first = -1;
+    u128 total = 0;
+    std::uint64_t checksum = 0;
+};
+
+template <class T>
+void check_run(const T* data, std::uint64_t first, std::uint64_t count, CheckPart& p) {
+    p.checksum += checksum_run(data, first, count);
+    const auto note_first = [&] {
+        for (std::uint64_t k = first; k < first + count; ++k) {
+            if (!(data[k] > 0)) {
+                p.first = static_cast<std::int64_t>(k);
+                return;
+            }
+        }
+    };
+    if (sizeof(T) <= 4 && count < (std::uint64_t{1} << 32)) {
+        // Lengths of up to 32 bits: a run of < 2^32 of them sums in 64 bits, and a length <= 0
+        // is looked for only where the run's smallest is one.
+        std::uint64_t total = 0;
+        T least = data[first];
+        for (std::uint64_t k = first; k < first + count; ++k) {
+            const T v = data[k];
+            total += static_cast<std::uint64_t>(v > 0 ? v : 0);
+            least = v < least ? v : least;
+        }
+        p.total += total;
+        if (!(least > 0) && p.first < 0) note_first();
+        return;
+    }
+    u128 total = 0;
+    for (std::uint64_t k = first; k < first + count; ++k) {
+        const T v = data[k];
+        if (v > 0) total += static_cast<std::uint64_t>(v);
+    }
+    p.total += total;
+    if (p.first < 0) {
+        T least = data[first];
+        for (std::uint64_t k = first; k < first + count; ++k) least = data[k] < least ? data[k] : least;
+        if (!(least > 0)) note_first();
+    }
+}
+
+}  // namespace
+
+ConcatStart concat_start(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window,
+                         std::uint64_t seed, std::uint64_t epoch, unsigned threads) {
+    if (seq_len == 0) throw std::invalid_argument("seq_len must be >= 1");
+    if (window == 0) throw std::invalid_argument("window must be >= 1");
+    ConcatStart r;
+    const std::uint64_t n = lengths.n;
+    if (n == 0) {
+        r.scan = scan_packed(lengths, seq_len, false, false, threads, true);
+        return r;
+    }
+    if (threads == 0) threads = default_threads();
+    const Feistel perm(n, derive_key(kPackedDomain, n, seed, epoch));  // ConcatEpoch's order
+    std::vector<CheckPart> parts(threads);
+    bool sequential = false;
+    std::vector<std::uint64_t> tokens = window_sums(
+        lengths, perm, window, 1, threads, [](std::uint64_t* row, std::uint64_t v) { *row += v; },
+        [&parts](unsigned part, const auto* data, std::uint64_t first, std::uint64_t count) {
+            check_run(data, first, count, parts[part]);
+        },
+        &sequential);
+    if (sequential) {
+        u128 total = 0;
+        std::uint64_t checksum = 0;
+        for (const CheckPart& p : parts) {  // parts in item order: the first bad item is the first found
+            if (p.first >= 0 && r.scan.first_nonpositive < 0) r.scan.first_nonpositive = p.first;
+            total += p.total;
+            checksum += p.checksum;
+        }
+        r.scan.total_overflow = total > static_cast<u128>(~std::uint64_t{0});
+        r.scan.total = r.scan.total_overflow ? ~std::uint64_t{0} : static_cast<std::uint64_t>(total);
+        r.scan.checksum = length_checksum(checksum, n);
+    } else {
+        r.scan = scan_packed(lengths, seq_len, false, false, threads, true);
+    }
+    // The sums hold garbage where a length is <= 0 (its bits as a uint64): the rows only if not.
+    const std::uint64_t t = r.scan.total;
+    const bool valid = r.scan.first_nonpositive < 0 && !r.scan.total_overflow && t <= (~std::uint64_t{0} >> 1);
+    const std::uint64_t rows = overlap ? (t > seq_len ? (t - 1) / seq_len : 0) : t / seq_len;
+    if (valid && rows != 0)
+        r.epoch = std::make_shared<const ConcatEpoch>(lengths, seq_len, overlap, window, seed, epoch, std::move(tokens));
+    return r;
 }
 
 void ConcatEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>&) const {

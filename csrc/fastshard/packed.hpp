@@ -44,17 +44,20 @@ constexpr std::uint64_t kPackedDomain = 0x5041434b;  // "PACK"
 using Segments = std::vector<std::uint64_t>;
 
 // One threaded pass over the lengths: the first index of a length <= 0 (-1 if none), the total
-// token count (saturated at 2^64 - 1), and, for best_fit, the histogram of packing lengths
-// (index e in [1, seq_len]) and the number of full pieces of split documents.
+// token count (saturated at 2^64 - 1), with `checksum` the lengths checksum (scan_lengths's), and,
+// for best_fit, the histogram of packing lengths (index e in [1, seq_len]) and the number of full
+// pieces of split documents.
 struct PackedScan {
     std::int64_t first_nonpositive = -1;
     std::uint64_t total = 0;
     bool total_overflow = false;
+    std::uint64_t checksum = 0;            // with_checksum only
     std::vector<std::uint64_t> histogram;  // best_fit only: seq_len + 1 counts
     std::uint64_t full_pieces = 0;         // best_fit with split only
     std::uint64_t truncated_tokens = 0;    // best_fit with truncation only
 };
-PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads);
+PackedScan scan_packed(const Lengths& lengths, std::uint64_t seq_len, bool best_fit, bool split, unsigned threads,
+                       bool with_checksum = false);
 
 // Per-window sums of a per-document weight over an epoch's order: where the u-th unit of the
 // concatenated weights lies. Memory: one uint64 per window.
@@ -63,6 +66,9 @@ class OrderSums {
     enum class Weight { tokens, full_pieces };
     OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t window, std::uint64_t seq_len, Weight weight,
               unsigned threads);
+    // From window_sums's per-window weights of this order, computed by the caller.
+    OrderSums(const Lengths& lengths, const Feistel& perm, std::uint64_t window, std::uint64_t seq_len, Weight weight,
+              std::vector<std::uint64_t> window_weights);
     std::uint64_t total() const noexcept { return prefix_.back(); }
     // Calls f(document, first unit of it, its weight) for the documents of the order, from the
     // one holding unit u on, while f returns true.
@@ -91,11 +97,16 @@ class ConcatEpoch final : public RowSource {
   public:
     ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window, std::uint64_t seed,
                 std::uint64_t epoch, unsigned threads);
+    // From the epoch's per-window token counts (window_sums over the order of seed and epoch).
+    ConcatEpoch(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window, std::uint64_t seed,
+                std::uint64_t epoch, std::vector<std::uint64_t> window_tokens);
     std::uint64_t num_rows() const noexcept override { return rows_; }
     std::uint64_t total_tokens() const noexcept { return sums_.total(); }
     void row(std::uint64_t g, Segments& out, std::shared_ptr<void>& cache) const override;
 
   private:
+    void set_rows(std::uint64_t seed, std::uint64_t epoch);
+
     Lengths lengths_;
     std::uint64_t seq_len_;
     bool overlap_;
@@ -104,6 +115,19 @@ class ConcatEpoch final : public RowSource {
     std::uint64_t rows_;
     Feistel row_perm_;
 };
+
+// A concat sampler's construction in one sequential read of the lengths: the checks and the
+// checksum of scan_packed(with_checksum), and in the same read the token counts of the windows of
+// one epoch's order, from which that epoch's rows are built, when the lengths hold rows (every
+// length >= 1, the total below 2^63, at least one row); else `epoch` is null. Where window_sums
+// walks positions instead of reading sequentially (windows so small that no table fits), the
+// checks are a scan of their own.
+struct ConcatStart {
+    PackedScan scan;
+    std::shared_ptr<const ConcatEpoch> epoch;
+};
+ConcatStart concat_start(const Lengths& lengths, std::uint64_t seq_len, bool overlap, std::uint64_t window,
+                         std::uint64_t seed, std::uint64_t epoch, unsigned threads);
 
 // What does not depend on the epoch in best_fit: the classes and every window's row count.
 class PackLayout {
