@@ -128,11 +128,13 @@ def held_values(
 ) -> list[list[tuple[int, int]]]:
     """The count each paused dataset is held at while its target stays in [n, n + 1).
 
-    A dataset pauses where its units reach 0 and stay 0. The datasets that pause at one draw are
-    rounded together (systematically, in dataset order), so that together they are off their
-    targets by at most 1/2 and the others can make up the difference within one draw each.
+    A dataset pauses where its units reach 0 and stay 0, until they are positive again. The
+    datasets that pause at one draw are rounded together (systematically, in dataset order),
+    starting from the rounding error of those still paused from earlier points, so that all
+    the paused datasets together are off their targets by at most 1/2 there and the others
+    can make up the difference within one draw each.
     """
-    cohorts: dict[int, list[tuple[int, Fraction]]] = {}
+    runs: dict[int, list[tuple[int, Fraction, int | None]]] = {}  # start -> (c, target, end)
     for c in range(k):
         for i, start in enumerate(draws):
             u = units[i * k + c]
@@ -141,18 +143,22 @@ def held_values(
             if u != 0 or not stays or not before or start <= anchor:
                 continue
             target = integral(draws, units, total, k, anchor, counts, start)[c]
-            if target.denominator != 1:
-                cohorts.setdefault(start, []).append((c, target))
+            if target.denominator == 1:
+                continue
+            end = next((draws[j] for j in range(i + 1, len(draws)) if units[j * k + c] > 0), None)
+            runs.setdefault(start, []).append((c, target, end))
     held: list[dict[int, int]] = [{} for _ in range(k)]
-    for start in sorted(cohorts):
-        acc = Fraction(0)
-        rounded = 0
-        for c, target in sorted(cohorts[start]):
+    paused: list[tuple[int, Fraction, int | None, int]] = []  # (c, target, end, value)
+    for start in sorted(runs):
+        paused = [p for p in paused if p[2] is None or p[2] > start]
+        error = sum((t - v for _, t, _, v in paused), Fraction(0))
+        acc = error - math.floor(error + Fraction(1, 2))
+        for c, target, end in sorted(runs[start], key=lambda r: r[0]):
+            before = math.floor(acc + Fraction(1, 2))
             acc += target
-            now = math.floor(acc + Fraction(1, 2))
             n = math.floor(target)
-            held[c].setdefault(n, now - rounded)
-            rounded = now
+            value = held[c].setdefault(n, math.floor(acc + Fraction(1, 2)) - before)
+            paused.append((c, target, end, value))
     return [sorted(h.items()) for h in held]
 
 

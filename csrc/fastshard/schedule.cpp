@@ -260,13 +260,18 @@ void MixtureSchedule::ensure(std::uint64_t from, std::uint64_t to, Cache& cache)
     }
 }
 
-std::uint64_t MixtureSchedule::interior_value(std::size_t c, const Targets& t) const noexcept {
-    const std::uint64_t n = t.whole[c];
-    if (t.num[c] == 0) return n;
+std::uint64_t MixtureSchedule::held(std::size_t c, std::uint64_t n) const noexcept {
     const auto& list = held_[c];
     auto it = std::lower_bound(list.begin(), list.end(), n,
                                [](const HeldValue& h, std::uint64_t x) { return h.n < x; });
-    if (it != list.end() && it->n == n) return it->v;
+    return it != list.end() && it->n == n ? it->v : kNone;
+}
+
+std::uint64_t MixtureSchedule::interior_value(std::size_t c, const Targets& t) const noexcept {
+    const std::uint64_t n = t.whole[c];
+    if (t.num[c] == 0) return n;
+    const std::uint64_t v = held(c, n);
+    if (v != kNone) return v;
     return t.num[c] >= t.den - t.num[c] ? n + 1 : n;  // the nearest integer, halves up
 }
 
@@ -308,14 +313,22 @@ void MixtureSchedule::boundary_counts(std::uint64_t i, Cache& cache, std::uint64
                 h = n + 1;
             } else if (same_prev && same_next) {
                 l = h = interior_value(c, t0);
-            } else if (same_next) {  // the interval's first boundary
-                const bool next_interior = tnn.whole[c] == n;
-                l = n;
-                h = next_interior ? interior_value(c, tn) : n;
-            } else {  // the interval's last boundary
-                const bool prev_interior = has_prev && (has_prev2 ? tpp->whole[c] == n : anchor_counts_[c] == n);
-                l = prev_interior ? interior_value(c, *tp) : n;
-                h = n + 1;
+            } else {
+                // The interval's first boundary may go up to the value of the next, its last
+                // down to the value of the one before: the interior value, or with no interior
+                // boundary the held value (else the floor) that both ends meet at.
+                const std::uint64_t v = held(c, n);
+                const std::uint64_t pivot = v != kNone ? v : n;
+                if (same_next) {
+                    const bool next_interior = tnn.whole[c] == n;
+                    l = n;
+                    h = next_interior ? interior_value(c, tn) : pivot;
+                } else {
+                    const bool prev_interior =
+                        has_prev && (has_prev2 ? tpp->whole[c] == n : anchor_counts_[c] == n);
+                    l = prev_interior ? interior_value(c, *tp) : pivot;
+                    h = n + 1;
+                }
             }
         }
         lo[c] = l;

@@ -132,8 +132,11 @@ class MixtureSchedule {
 
   private:
     void ensure(std::uint64_t from, std::uint64_t to, Cache& cache) const;
-    // The held value of dataset c for targets t (whole + num/den), or -1 if none was chosen.
+    // The value of dataset c at a boundary inside an integer interval: its held value there,
+    // else its target's nearest integer.
     std::uint64_t interior_value(std::size_t c, const Targets& t) const noexcept;
+    // The held value of dataset c over [n, n + 1), or all ones if none was chosen.
+    std::uint64_t held(std::size_t c, std::uint64_t n) const noexcept;
 
     std::vector<std::uint64_t> sizes_, offsets_;
     std::vector<std::uint64_t> point_draws_;
