@@ -154,10 +154,10 @@ def held_values(
         error = sum((t - v for _, t, _, v in paused), Fraction(0))
         acc = error - math.floor(error + Fraction(1, 2))
         for c, target, end in sorted(runs[start], key=lambda r: r[0]):
-            before = math.floor(acc + Fraction(1, 2))
+            below = math.floor(acc + Fraction(1, 2))
             acc += target
             n = math.floor(target)
-            value = held[c].setdefault(n, math.floor(acc + Fraction(1, 2)) - before)
+            value = held[c].setdefault(n, math.floor(acc + Fraction(1, 2)) - below)
             paused.append((c, target, end, value))
     return [sorted(h.items()) for h in held]
 

@@ -230,32 +230,17 @@ void MixtureSchedule::targets(std::uint64_t g, Targets& out) const {
 }
 
 void MixtureSchedule::ensure(std::uint64_t from, std::uint64_t to, Cache& cache) const {
-    // Keeps the targets of boundary indices [from, to] (to - from < kRing) in the ring, sliding it
-    // so that a walk forward reuses all but one.
+    // Targets of boundary index idx live in slot idx % kRing, tagged with idx: a walk forward
+    // evaluates one new boundary per window and moves nothing.
     if (cache.ring.empty()) {
         cache.ring.resize(kRing);
-        cache.have.assign(kRing, 0);
-        cache.base = from;
-    }
-    if (from < cache.base || to >= cache.base + kRing) {
-        std::vector<Targets> ring(kRing);
-        std::vector<char> have(kRing, 0);
-        for (std::size_t slot = 0; slot < kRing; ++slot) {
-            const std::uint64_t idx = from + slot;
-            if (idx >= cache.base && idx < cache.base + kRing && cache.have[idx - cache.base]) {
-                ring[slot] = std::move(cache.ring[idx - cache.base]);
-                have[slot] = 1;
-            }
-        }
-        cache.ring = std::move(ring);
-        cache.have = std::move(have);
-        cache.base = from;
+        cache.tags.assign(kRing, kNone);
     }
     for (std::uint64_t idx = from; idx <= to; ++idx) {
-        const std::size_t slot = static_cast<std::size_t>(idx - cache.base);
-        if (!cache.have[slot]) {
+        const std::size_t slot = static_cast<std::size_t>(idx % kRing);
+        if (cache.tags[slot] != idx) {
             targets(boundary_draw(idx), cache.ring[slot]);
-            cache.have[slot] = 1;
+            cache.tags[slot] = idx;
         }
     }
 }
@@ -288,7 +273,7 @@ void MixtureSchedule::boundary_counts(std::uint64_t i, Cache& cache, std::uint64
     const bool has_prev2 = i > first + 1;
     const std::uint64_t from = has_prev2 ? i - 2 : has_prev ? i - 1 : i;
     ensure(from, i + 2, cache);
-    auto at = [&](std::uint64_t idx) -> const Targets& { return cache.ring[idx - cache.base]; };
+    auto at = [&](std::uint64_t idx) -> const Targets& { return cache.ring[idx % kRing]; };
     const Targets& t0 = at(i);
     const Targets& tn = at(i + 1);
     const Targets& tnn = at(i + 2);

@@ -115,9 +115,8 @@ class MixtureSchedule {
     // `cache` keeps the targets of recent boundaries, so a sequential walk evaluates one new
     // boundary per window. Throws std::runtime_error if no apportionment within 1 exists.
     struct Cache {
-        std::uint64_t base = 0;  // targets of boundary indices [base, base + size) are held
-        std::vector<Targets> ring;
-        std::vector<char> have;
+        std::vector<Targets> ring;         // targets of recent boundary indices, by idx % size
+        std::vector<std::uint64_t> tags;   // the index each slot holds
         std::vector<std::uint64_t> scratch;
         std::vector<std::uint32_t> order;
     };
