@@ -99,11 +99,13 @@ from mixture_schedule import schedule, SIZES_1E10
 t1 = time.perf_counter()
 s = fastshard.MixtureSampler(SIZES_1E10, schedule=schedule({points}, 10**11, 3), num_replicas=8, rank=3, seed=1)
 s.set_epoch(5)
+tc = time.perf_counter()
 x = s[0]
 t2 = time.perf_counter()
 y = s[len(s) - 1]
 t3 = time.perf_counter()
-print(json.dumps({{"first_us": (t2 - t1) * 1e6, "last_us": (t3 - t2) * 1e6, "first": int(x)}}))
+print(json.dumps({{"first_us": (t2 - t1) * 1e6, "construct_us": (tc - t1) * 1e6,
+                   "index_us": (t2 - tc) * 1e6, "last_us": (t3 - t2) * 1e6, "first": int(x)}}))
 """
 
 
@@ -125,6 +127,8 @@ def first_draw(points: int, rounds: int) -> dict[str, object]:
         "points": points,
         "first_us_median": statistics.median(r["first_us"] for r in runs),
         "first_us_min": min(r["first_us"] for r in runs),
+        "construct_us_median": statistics.median(r["construct_us"] for r in runs),
+        "first_index_us_median": statistics.median(r["index_us"] for r in runs),
         "last_index_us_median": statistics.median(r["last_us"] for r in runs),
     }
 
