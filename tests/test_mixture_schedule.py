@@ -182,17 +182,57 @@ def test_counts_stay_within_one_of_the_exact_integral_at_every_window_boundary(n
 # Pauses while the others' remainders move: plain largest remainders take a paused dataset's
 # draw back at some boundary in each of these (found by a search over random pauses).
 PAUSES = [
-    ([108, 79, 193], [(0, [4, 3, 1]), (748, [4, 3, 1]), (748, [4, 0, 1]), (2387, [4, 0, 1]), (3248, [4, 3, 1])], 777, 37),
-    ([149, 120, 170, 28], [(0, [2, 4, 4, 2]), (1283, [2, 4, 4, 2]), (1283, [2, 4, 0, 2]), (2906, [2, 4, 0, 2]), (3783, [2, 4, 4, 2])], 777, 100),
-    ([42, 132, 189, 150], [(0, [2, 5, 4, 3]), (521, [2, 5, 4, 3]), (521, [2, 5, 4, 0]), (2521, [2, 5, 4, 0]), (3021, [2, 5, 4, 3])], 333, 64),
-    ([62, 60, 85], [(0, [2, 3, 3]), (1380, [2, 3, 3]), (1380, [2, 0, 3]), (3318, [2, 0, 3]), (3880, [2, 3, 3])], 500, 64),
+    (
+        [108, 79, 193],
+        [(0, [4, 3, 1]), (748, [4, 3, 1]), (748, [4, 0, 1]), (2387, [4, 0, 1]), (3248, [4, 3, 1])],
+        777,
+        37,
+    ),
+    (
+        [149, 120, 170, 28],
+        [
+            (0, [2, 4, 4, 2]),
+            (1283, [2, 4, 4, 2]),
+            (1283, [2, 4, 0, 2]),
+            (2906, [2, 4, 0, 2]),
+            (3783, [2, 4, 4, 2]),
+        ],
+        777,
+        100,
+    ),
+    (
+        [42, 132, 189, 150],
+        [
+            (0, [2, 5, 4, 3]),
+            (521, [2, 5, 4, 3]),
+            (521, [2, 5, 4, 0]),
+            (2521, [2, 5, 4, 0]),
+            (3021, [2, 5, 4, 3]),
+        ],
+        333,
+        64,
+    ),
+    (
+        [62, 60, 85],
+        [
+            (0, [2, 3, 3]),
+            (1380, [2, 3, 3]),
+            (1380, [2, 0, 3]),
+            (3318, [2, 0, 3]),
+            (3880, [2, 3, 3]),
+        ],
+        500,
+        64,
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(PAUSES)))
 def test_paused_datasets_hold_their_count_within_one_and_never_go_back(case):
     sizes, schedule, n, period = PAUSES[case]
-    s = MixtureSampler(sizes, schedule=schedule, num_samples=n, num_replicas=1, rank=0, seed=case, period=period)
+    s = MixtureSampler(
+        sizes, schedule=schedule, num_samples=n, num_replicas=1, rank=0, seed=case, period=period
+    )
     epochs = -(-schedule[-1][0] // n) + 2
     draws = run(s, epochs)
     check_counts(s, schedule, epochs, draws=draws)
