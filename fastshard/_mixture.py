@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset
 
-from . import _core, _validate
+from . import _core, _schedule, _state, _validate
 from ._sampler import _ShardSampler
 from ._weighted import _as_float64
 
@@ -183,23 +183,33 @@ class MixtureSampler(_ShardSampler):
         As for :class:`DistributedSampler`; the check covers the sizes and weights.
     """
 
+    weights: list[int] | list[float] | None
+    schedule: list[tuple[int, list[Any]]] | None
+
     def __init__(
         self,
         sizes: Any,
-        weights: Any,
+        weights: Any = None,
         num_samples: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         seed: int | None = 0,
         drop_last: bool = False,
         *,
+        schedule: Any = None,
         period: int | None = None,
         pad: bool = True,
         check_consistency: bool = True,
         auto_epoch: bool = False,
     ) -> None:
         self.sizes = _dataset_sizes(sizes)
-        self.weights, self._units = _mixture_weights(weights, len(self.sizes))
+        k = len(self.sizes)
+        if (weights is None) == (schedule is None):
+            raise TypeError(
+                "MixtureSampler needs exactly one of weights (fixed proportions) and schedule "
+                "(proportions that change over training), got "
+                + ("neither" if weights is None else "both")
+            )
         total = sum(self.sizes)
         if num_samples is None:
             draws = total
@@ -211,11 +221,27 @@ class MixtureSampler(_ShardSampler):
             period = _validate.integer(period, "period")
             if not 1 <= period <= _validate.MAX_LENGTH:
                 raise ValueError(f"period must be in [1, 2**63 - 1], got {period}")
-        # The C++ spec checks the rest (an empty dataset with a positive weight, a period
-        # too short for the smallest share) and settles the default period.
-        self._spec_cache: Any = _core.MixtureSpec(self.sizes, self._units, draws, period or 0)
-        self.period = int(self._spec_cache.period)
         self.num_draws = draws
+        self._spec_cache: Any = None
+        self._sched_cache: Any = None
+        # Where the draws' streams start (None: a fixed-weight mixture that keeps its per-epoch
+        # order); set by a schedule, or by load_state_dict(..., reweight=True).
+        self._anchor: dict[str, Any] | None = None
+        if schedule is None:
+            self.weights, self._units = _mixture_weights(weights, k)
+            self.schedule = None
+            # The C++ spec checks the rest (an empty dataset with a positive weight, a period
+            # too short for the smallest share) and settles the default period.
+            self._spec_cache = _core.MixtureSpec(self.sizes, self._units, draws, period or 0)
+            self.period = int(self._spec_cache.period)
+        else:
+            points, at, units, unit_total = _schedule.parse(schedule, k, _mixture_weights)
+            _schedule.check_sizes(at, units, self.sizes)
+            self.weights = None
+            self.schedule = points
+            self._points = (at, units, unit_total)
+            self._anchor = _fresh_anchor(k)
+            self.period = int(self._build_schedule(period or 0, 0).period)
         # torch's DistributedSampler has a `dataset`: the ConcatDataset the indices address
         # when the sampler was given one, else the concatenation's items as a lazy range.
         self.dataset = (
@@ -232,6 +258,35 @@ class MixtureSampler(_ShardSampler):
         )
         self._start_pass()
 
+    # -- the compiled descriptions -------------------------------------------------------------
+    def _schedule_points(self) -> tuple[list[int], list[int], int]:
+        """(draws, units point-major, unit total): the schedule's, or one point of the fixed
+        weights."""
+        if self.schedule is not None:
+            at, units, total = self._points
+            return at, units, total
+        return [0], list(self._units), sum(self._units)
+
+    def _build_schedule(self, period: int, seed: int) -> Any:
+        at, units, total = self._schedule_points()
+        anchor = self._anchor
+        assert anchor is not None
+        k = len(self.sizes)
+        held = _schedule.held_values(at, units, total, k, anchor["draw"], anchor["counts"])
+        return _core.MixtureSchedule(
+            self.sizes,
+            at,
+            units,
+            total,
+            self.num_draws,
+            period,
+            seed,
+            anchor["draw"],
+            anchor["counts"],
+            [tuple(s) for s in anchor["starts"]],
+            held,
+        )
+
     @property
     def _spec(self) -> Any:
         spec = self._spec_cache
@@ -241,26 +296,113 @@ class MixtureSampler(_ShardSampler):
             )
         return spec
 
+    @property
+    def _sched(self) -> Any:
+        sched = self._sched_cache
+        if sched is None:
+            sched = self._sched_cache = self._build_schedule(self.period, self.seed % 2**64)
+        return sched
+
+    @property
+    def _bridge(self) -> Any:
+        """The mixture this run drew from before it took new weights, for the rest of the
+        window it took them in (None when there is none)."""
+        bridge = None if self._anchor is None else self._anchor.get("bridge")
+        if bridge is None:
+            return None
+        cached = self.__dict__.get("_bridge_cache")
+        if cached is None:
+            old = _sampler_from_config(bridge["config"], bridge["anchor"])
+            if old._anchor is None:
+                cached = _core.MixtureBridge.fixed(old._spec, old.seed % 2**64, bridge["from"])
+            else:
+                cached = _core.MixtureBridge.scheduled(old._sched, old._bridge, bridge["from"])
+            self.__dict__["_bridge_cache"] = cached
+        return cached
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_spec_cache"] = None  # a compiled object: rebuilt from the fields
+        state["_spec_cache"] = None  # compiled objects: rebuilt from the fields
+        state["_sched_cache"] = None
+        state.pop("_bridge_cache", None)
         return state
 
     @property
     def offsets(self) -> list[int]:
         """``offsets[c]``: the index of dataset c's first item in the concatenation (k + 1
         values; the last is the total length)."""
-        return list(self._spec.offsets)
+        out = [0]
+        for n in self.sizes:
+            out.append(out[-1] + n)
+        return out
 
     @property
     def per_epoch(self) -> list[int]:
-        """Each dataset's number of draws per epoch (over all ranks, before padding)."""
-        return list(self._spec.per_epoch)
+        """Each dataset's number of draws in the current epoch (over all ranks, before padding);
+        with fixed weights the same every epoch. With a schedule, or after new weights, counted
+        from where the run took them when that is inside this epoch."""
+        if self._anchor is None:
+            return list(self._spec.per_epoch)
+        sched = self._sched
+        n = self.num_draws
+        lo = max(self.epoch * n, sched.anchor)
+        a, b = sched.counts_at(lo), sched.counts_at((self.epoch + 1) * n)
+        return [y - x for x, y in zip(a, b)]
+
+    def counts(self, draw: int) -> list[int]:
+        """Each dataset's draws among the first ``draw`` global draws (draw ``j`` of epoch ``e``
+        is global draw ``e * num_samples + j``), counted from the start of training, or from
+        where the run took new weights (``load_state_dict(..., reweight=True)``), which keeps
+        the counts it had there. Only for a schedule, or after new weights."""
+        if self._anchor is None:
+            raise ValueError(
+                "counts() is for mixtures with a schedule (or resumed with new weights); a "
+                "fixed-weight mixture has per_epoch"
+            )
+        draw = _validate.integer(draw, "draw")
+        return list(self._sched.counts_at(draw))
+
+    # -- the epoch's shard ---------------------------------------------------------------------
+    def _check_epoch(self, epoch: int) -> None:
+        if self._anchor is None:
+            return
+        n = self.num_draws
+        if not 0 <= epoch <= _validate.MAX_LENGTH // n - 3:
+            raise ValueError(
+                f"epoch must be in [0, {_validate.MAX_LENGTH // n - 3}] for a mixture with a "
+                "schedule, which counts draws across epochs (epoch * num_samples + j) below "
+                f"2**63, got {epoch}"
+            )
+        if (epoch + 1) * n <= self._anchor["draw"] and not (
+            self._resume_pending and epoch == self.epoch
+        ):
+            raise ValueError(
+                f"epoch {epoch} ended before global draw {self._anchor['draw']}, where this run "
+                "took new weights (load_state_dict(..., reweight=True)); its draws are gone"
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = _validate.integer(epoch, "epoch")
+        self._check_epoch(epoch)
+        super().set_epoch(epoch)
+
+    set_epoch.__doc__ = _ShardSampler.set_epoch.__doc__
 
     def _plan_args(self) -> tuple[int, bool, bool]:
         return self.num_draws, self.drop_last, self.pad
 
     def _make_shard(self, cursor: int) -> _core.Shard:
+        if self._anchor is not None:
+            return _core.schedule_shard(
+                self._sched,
+                self.num_replicas,
+                self.rank,
+                self.drop_last,
+                self.pad,
+                cursor,
+                self.epoch,
+                self._bridge,
+            )
         return _core.mixture_shard(
             self._spec,
             self.num_replicas,
@@ -272,21 +414,298 @@ class MixtureSampler(_ShardSampler):
             self.epoch % 2**64,
         )
 
+    # -- checkpoints ---------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
-        return {
-            "sizes": list(self.sizes),
-            "weights": list(self.weights),
-            "num_samples": self.num_draws,
-            "period": self.period,
-            "seed": self.seed % 2**64,
-            "drop_last": self.drop_last,
-            "pad": self.pad,
+        config: dict[str, Any] = {"sizes": list(self.sizes)}
+        if self.schedule is None:
+            config["weights"] = list(self.weights or [])
+        else:
+            config["schedule"] = [[g, list(w)] for g, w in self.schedule]
+        config.update(
+            num_samples=self.num_draws,
+            period=self.period,
+            seed=self.seed % 2**64,
+            drop_last=self.drop_last,
+            pad=self.pad,
+        )
+        return config
+
+    def _resume_point(self) -> dict[str, Any]:
+        point = super()._resume_point()
+        if self._anchor is not None:
+            a = self._anchor
+            starts = (x for s in a["starts"] for x in s)
+            point["anchor"] = [a["draw"], *a["counts"], *starts, repr(a.get("bridge"))]
+        return point
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        state = super().state_dict(consumed)
+        if self._anchor is not None:
+            a = self._anchor
+            bridge = a.get("bridge")
+            if (
+                bridge is not None
+                and state["epoch"] * self.num_draws + state["cursor"] >= a["draw"]
+            ):
+                bridge = None  # the rest of the window it covered is consumed
+            state["anchor"] = {
+                "draw": a["draw"],
+                "counts": list(a["counts"]),
+                "starts": [list(s) for s in a["starts"]],
+                "bridge": bridge,
+            }
+        return state
+
+    state_dict.__doc__ = _ShardSampler.state_dict.__doc__
+
+    def load_state_dict(self, state: dict[str, Any], *, reweight: bool = False) -> None:
+        """Resume from a state saved by any rank, on any number of ranks.
+
+        Without ``reweight``: as for :class:`DistributedSampler`; a state saved with other
+        sizes, weights, schedule, num_samples, period, seed, drop_last or pad is refused.
+
+        ``reweight=True``: continue a run under this sampler's weights (or schedule) from the
+        saved cursor on. Each dataset continues the pass it stood in when the state was saved;
+        datasets that this sampler adds after the state's (``sizes`` may gain datasets at the
+        end) start their first pass. The state may come from fixed weights or a schedule, on
+        any number of ranks; ``num_samples``, ``seed``, ``drop_last``, ``pad`` and the sizes of
+        the state's datasets must match. A state of the same configuration resumes exactly as
+        without ``reweight``. Nothing is applied unless the whole state is accepted.
+        """
+        reweight = _validate.flag(reweight, "reweight")
+        if not reweight or _same_config(state, self._config()):
+            epoch, cursor, _ = _state.check(state, self._config())
+            anchor = _read_anchor(state, len(self.sizes), self.sizes)
+            if anchor is None and self.schedule is not None:
+                raise ValueError(
+                    "state has no 'anchor': it was not saved by a mixture with a schedule"
+                )
+        else:
+            epoch, cursor, anchor = self._reweighted(state)
+        # A fixed-weight run without an anchor keeps its per-epoch order.
+        self._anchor = anchor
+        self._sched_cache = None
+        self.__dict__.pop("_bridge_cache", None)
+        self._start_pass(epoch, cursor, resumed=True)
+
+    def _reweighted(self, state: Any) -> tuple[int, int, dict[str, Any]]:
+        """(epoch, cursor, anchor) where every dataset of ``state`` stands, for this sampler."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if "sizes" not in state or not ("weights" in state or "schedule" in state):
+            raise ValueError(
+                "state is not a MixtureSampler state (no sizes and weights or schedule)"
+            )
+        old_sizes = state["sizes"]
+        if not isinstance(old_sizes, list) or not all(type(n) is int for n in old_sizes):
+            raise TypeError("state['sizes'] must be a list of ints")
+        k, k0 = len(self.sizes), len(old_sizes)
+        if k0 > k or self.sizes[:k0] != old_sizes:
+            raise ValueError(
+                f"state was saved with sizes={old_sizes}, which this sampler's sizes={self.sizes} do "
+                "not continue: with reweight=True the state's datasets must keep their sizes and "
+                "order (new datasets may follow them)"
+            )
+        # Everything but the weights must match; read the state against a config of its own.
+        old = _sampler_from_state(state, self)
+        epoch, cursor, _ = _state.check(state, old._config())
+        for key in ("num_samples", "seed", "drop_last", "pad"):
+            if state[key] != self._config()[key]:
+                raise ValueError(
+                    f"state was saved with {key}={state[key]!r} but this sampler has "
+                    f"{key}={self._config()[key]!r}; reweight=True changes only the weights"
+                )
+        n = self.num_draws
+        if old._anchor is not None:
+            old._check_epoch(epoch)
+        g = epoch * n + min(cursor, n)
+        # The rest of the window the cursor is in is drawn as the saved run would have: its
+        # draws there are slots of a keyed interleave, so only at a window boundary is every
+        # dataset's draws so far a prefix of its stream.
+        switch = _next_boundary(old, g)
+        if old._anchor is None:
+            e_s, j_s = divmod(switch, n)
+            if j_s == 0 and switch > 0:
+                e_s, j_s = e_s - 1, n
+            counts, starts = _core.mixture_stand(old._spec, old.seed % 2**64, e_s, j_s)
+            counts = [e_s * d + x for d, x in zip(old._spec.per_epoch, counts)]
+        else:
+            counts = old._sched.counts_at(switch)
+            taken = [x - a for x, a in zip(counts, old._anchor["counts"])]
+            previous = [(s[0], s[1], s[2], s[3]) for s in old._anchor["starts"]]
+            starts = _schedule.advance(previous, taken)
+        counts = list(counts) + [0] * (k - k0)
+        starts = list(starts) + [(0, 0, 0, 0)] * (k - k0)
+        bridge = None
+        if switch > g:
+            bridge = {"from": g, "config": old._config(), "anchor": _anchor_json(old._anchor)}
+        anchor = {
+            "draw": switch,
+            "counts": counts,
+            "starts": [list(s) for s in starts],
+            "bridge": bridge,
         }
+        # Build the new description now, so that an anchor inside one of the new ramps (or any
+        # other refusal) leaves this sampler unchanged.
+        saved, self._anchor = self._anchor, anchor
+        try:
+            self._build_schedule(self.period, self.seed % 2**64)
+            self.__dict__.pop("_bridge_cache", None)
+            self._bridge  # noqa: B018 - builds the bridge now, so that a bad one is refused here
+        finally:
+            self._anchor = saved
+            self.__dict__.pop("_bridge_cache", None)
+        return epoch, cursor, anchor
 
     def __repr__(self) -> str:
+        what = (
+            f"weights={self.weights}"
+            if self.schedule is None
+            else f"schedule=<{len(self.schedule)} points>"
+        )
         return (
-            f"{type(self).__name__}(sizes={self.sizes}, weights={self.weights}, "
+            f"{type(self).__name__}(sizes={self.sizes}, {what}, "
             f"num_samples={self.num_draws}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"seed={self.seed}, epoch={self.epoch}, drop_last={self.drop_last}, "
             f"period={self.period}, pad={self.pad})"
         )
+
+
+def _fresh_anchor(k: int) -> dict[str, Any]:
+    return {
+        "draw": 0,
+        "counts": [0] * k,
+        "starts": [[0, 0, 0, 0] for _ in range(k)],
+        "bridge": None,
+    }
+
+
+def _anchor_json(anchor: dict[str, Any] | None) -> dict[str, Any] | None:
+    if anchor is None:
+        return None
+    return {
+        "draw": anchor["draw"],
+        "counts": list(anchor["counts"]),
+        "starts": [list(s) for s in anchor["starts"]],
+        "bridge": anchor.get("bridge"),
+    }
+
+
+def _next_boundary(old: MixtureSampler, g: int) -> int:
+    """The first boundary of ``old``'s windows at or after global draw g."""
+    n = old.num_draws
+    e, j = divmod(g, n)
+    if j == 0:
+        return g
+    if old._anchor is None:
+        spec = old._spec
+        m = spec.window_of(j)
+        return g if spec.boundary(m) == j else e * n + int(spec.boundary(m + 1))
+    sched = old._sched
+    if g <= sched.anchor:
+        return int(sched.anchor)
+    i = e * sched.windows + sched.window_of(j)
+    begin = max(sched.boundary_draw(i), sched.anchor)
+    return g if g == begin else int(sched.boundary_draw(i + 1))
+
+
+def _same_config(state: Any, config: dict[str, Any]) -> bool:
+    return isinstance(state, dict) and all(
+        key in state and state[key] == value and type(state[key]) is type(value)
+        for key, value in config.items()
+    )
+
+
+def _read_anchor(state: dict[str, Any], k: int, sizes: list[int]) -> dict[str, Any] | None:
+    """The state's anchor, checked, or None when it has none (a fixed-weight mixture's)."""
+    anchor = state.get("anchor")
+    if anchor is None:
+        return None
+    if not isinstance(anchor, dict) or not {"draw", "counts", "starts"} <= set(anchor) <= {
+        "draw",
+        "counts",
+        "starts",
+        "bridge",
+    }:
+        raise ValueError("state['anchor'] must be a dict with keys draw, counts, starts and bridge")
+    draw, counts, starts = anchor["draw"], anchor["counts"], anchor["starts"]
+    bridge = anchor.get("bridge")
+    if bridge is not None:
+        if (
+            not isinstance(bridge, dict)
+            or set(bridge) != {"from", "config", "anchor"}
+            or type(bridge["from"]) is not int
+            or not 0 <= bridge["from"] <= draw
+            or not isinstance(bridge["config"], dict)
+        ):
+            raise ValueError(
+                "state['anchor']['bridge'] must be None or a dict with from (a draw before the "
+                "anchor), config and anchor"
+            )
+        try:
+            _sampler_from_config(bridge["config"], bridge["anchor"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"state['anchor']['bridge'] is not a valid mixture: {err}") from None
+    ok = (
+        type(draw) is int
+        and 0 <= draw <= _validate.MAX_LENGTH
+        and isinstance(counts, list)
+        and len(counts) == k
+        and all(type(x) is int and 0 <= x <= _validate.MAX_LENGTH for x in counts)
+        and isinstance(starts, list)
+        and len(starts) == k
+        and all(
+            isinstance(s, list)
+            and len(s) == 4
+            and all(type(x) is int and 0 <= x < 2**64 for x in s)
+            and (s[2] == 0 or s[1] + s[2] <= sizes[c])
+            for c, s in enumerate(starts)
+        )
+    )
+    if not ok:
+        raise ValueError(
+            "state['anchor'] is malformed: draw is an int, counts one int per dataset, starts one "
+            "[key, from, len, base] per dataset inside its dataset"
+        )
+    return {
+        "draw": draw,
+        "counts": list(counts),
+        "starts": [list(s) for s in starts],
+        "bridge": bridge,
+    }
+
+
+def _sampler_from_state(state: dict[str, Any], like: MixtureSampler) -> MixtureSampler:
+    """The sampler that saved ``state`` (rank 0 of 1, no process group), to read where its
+    datasets stood."""
+    del like
+    return _sampler_from_config(state, state.get("anchor"), in_state=True)
+
+
+def _sampler_from_config(
+    config: dict[str, Any], anchor: Any, in_state: bool = False
+) -> MixtureSampler:
+    kw: dict[str, Any] = dict(
+        num_samples=config.get("num_samples"),
+        num_replicas=1,
+        rank=0,
+        seed=config.get("seed", 0),
+        drop_last=config.get("drop_last", False),
+        period=config.get("period"),
+        pad=config.get("pad", True),
+        check_consistency=False,
+    )
+    try:
+        if "schedule" in config:
+            old = MixtureSampler(config["sizes"], schedule=config["schedule"], **kw)
+        else:
+            old = MixtureSampler(config["sizes"], config["weights"], **kw)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"state does not describe a valid mixture: {err}") from None
+    read = _read_anchor({"anchor": anchor}, len(old.sizes), old.sizes)
+    if read is not None:
+        old._anchor = read
+    elif old.schedule is not None:
+        raise ValueError("state has no 'anchor': it was not saved by a mixture with a schedule")
+    del in_state
+    return old

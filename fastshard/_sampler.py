@@ -49,7 +49,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         {
             "num_replicas", "rank", "shuffle", "seed", "drop_last", "pad", "dataset", "order",
             "block_size", "window", "replacement", "num_draws", "sizes", "weights", "period",
-            "lengths", "batch_size", "max_tokens", "max_batch_size", "sort_window",
+            "lengths", "batch_size", "max_tokens", "max_batch_size", "sort_window", "schedule",
         }
     )  # fmt: skip
 

@@ -10,6 +10,9 @@
 
 #include "fastshard/feistel.hpp"
 #include "fastshard/mix.hpp"
+#include "fastshard/mixture_fill.hpp"
+#include "fastshard/muldiv.hpp"
+#include "fastshard/schedule.hpp"
 #include "fastshard/shard.hpp"
 
 namespace fastshard {
@@ -17,37 +20,6 @@ namespace fastshard {
 namespace {
 
 constexpr std::uint64_t kMaxLength = 0x7fffffffffffffffULL;
-
-struct QuotRem {
-    std::uint64_t quot;
-    std::uint64_t rem;
-};
-
-// floor(a b / d) and (a b) mod d, exact, for d > 0 and a quotient below 2^64.
-inline QuotRem muldiv(std::uint64_t a, std::uint64_t b, std::uint64_t d) noexcept {
-#if defined(__SIZEOF_INT128__)
-    __extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
-    const u128 p = static_cast<u128>(a) * b;
-    return {static_cast<std::uint64_t>(p / d), static_cast<std::uint64_t>(p % d)};
-#else
-    // The 128-bit product, then long division one bit at a time (high word < d by the
-    // precondition on the quotient).
-    const std::uint64_t hi = mulhi64(a, b);
-    const std::uint64_t lo = a * b;
-    std::uint64_t q = 0;
-    std::uint64_t r = hi;
-    for (int i = 63; i >= 0; --i) {
-        const bool carry = (r >> 63) != 0;
-        r = (r << 1) | ((lo >> i) & 1U);
-        q <<= 1;
-        if (carry || r >= d) {
-            r -= d;
-            q |= 1U;
-        }
-    }
-    return {q, r};
-#endif
-}
 
 std::string item(const char* name, std::size_t c) {
     return std::string(name) + "[" + std::to_string(c) + "]";
@@ -181,11 +153,15 @@ class MixtureShard final : public Shard {
         }
     }
 
+    void locate(std::size_t c, std::uint64_t o, std::uint64_t& pos, std::uint64_t& key) const noexcept;
+    std::uint64_t full(std::size_t c) const noexcept { return full_[c]; }
+    std::uint64_t seed() const noexcept { return seed_; }
+    std::uint64_t epoch() const noexcept { return epoch_; }
+
   protected:
     void fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const override;
 
   private:
-    void locate(std::size_t c, std::uint64_t o, std::uint64_t& pos, std::uint64_t& key) const noexcept;
 
     std::shared_ptr<const MixtureSpec> spec_;
     std::uint64_t seed_;
@@ -193,41 +169,6 @@ class MixtureShard final : public Shard {
     std::vector<std::uint64_t> pass_keys_;
     std::vector<std::uint64_t> cycle_keys_;
     std::vector<std::uint64_t> full_;  // per dataset: the epoch's draws in whole passes
-};
-
-// Draws staged per round of a fill: several windows' worth when a rank takes few draws of
-// each, so that each dataset's permutation runs on long arrays.
-constexpr std::size_t kChunk = 1024;
-// Up to this many datasets, a slot's dataset is found by counting (see dataset_of).
-constexpr std::size_t kLinearK = 8;
-// Up to this many datasets, a chunk is grouped by one scan per dataset; above, by a counting sort.
-constexpr std::size_t kScanK = 4;
-
-// Per-call working state of a fill: the current window and the datasets' permutations.
-// Local to one fill_range call, so threads never share it.
-struct MixtureCursor {
-    explicit MixtureCursor(std::size_t k)
-        : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), delta(k), one_order(k), inner(k),
-          inner_key(k, 0), bucket(k + 1), mixed(k), chunk_key_set(k), chunk_key(k) {}
-
-    std::vector<std::uint64_t> lo, hi, prefix, scratch;  // C(begin), C(end), window prefix
-    std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
-    std::uint64_t begin = 0, end = 0;  // the window's draws [begin, end)
-    std::optional<Feistel> slots;      // the window's interleave
-    // Per dataset in the window: ordinal = slot + base; and when all its ordinals here walk
-    // one permutation (one_order), position = ordinal - shift = slot + delta in the
-    // permutation of `key`.
-    std::vector<std::uint64_t> base, shift, key, delta;  // delta = base - shift
-    std::vector<char> one_order;
-    bool all_one_order = false;
-    // Per dataset: the latest permutation built, and its key.
-    std::vector<std::optional<Feistel>> inner;
-    std::vector<std::uint64_t> inner_key;
-    std::vector<std::uint32_t> bucket;  // counting sort of a chunk by dataset
-    // Per dataset in the current chunk: whether its draws need more than one permutation,
-    // else the one key they share.
-    std::vector<char> mixed, chunk_key_set;
-    std::vector<std::uint64_t> chunk_key;
 };
 
 }  // namespace
@@ -248,189 +189,52 @@ inline void MixtureShard::locate(std::size_t c, std::uint64_t o, std::uint64_t& 
     }
 }
 
-void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const {
-    if (count == 0) return;
-    const MixtureSpec& s = *spec_;
-    const Plan& p = plan();
-    const std::size_t k = s.k();
-    const std::uint64_t n = s.draws();
-    const std::uint64_t w = p.num_replicas;
-    const auto& sizes = s.sizes();
-    const auto& offsets = s.offsets();
+namespace {
 
-    MixtureCursor cur(k);
-    auto load_window = [&](std::uint64_t m) {
-        if (cur.window != std::numeric_limits<std::uint64_t>::max() && m == cur.window + 1) {
-            std::swap(cur.lo, cur.hi);
-            cur.begin = cur.end;
-        } else {
-            cur.begin = s.boundary(m);
-            s.cumulative(cur.begin, cur.lo.data(), cur.scratch);
-        }
-        cur.end = s.boundary(m + 1);
-        s.cumulative(cur.end, cur.hi.data(), cur.scratch);
-        cur.prefix[0] = 0;
-        bool all_one_order = true;
-        for (std::size_t c = 0; c < k; ++c) {
-            const std::uint64_t lo = cur.lo[c], hi = cur.hi[c], size = sizes[c];
-            cur.prefix[c + 1] = cur.prefix[c] + (hi - lo);
-            cur.base[c] = lo - cur.prefix[c];  // mod 2^64
-            // Whether all of c's ordinals here, [lo, hi), walk one permutation: the partial
-            // pass always does (hi <= the epoch's draws); a whole pass when hi stays in it.
-            // Then position = ordinal - shift, slot + delta.
-            cur.one_order[c] = 0;
-            if (hi == lo) continue;
-            std::uint64_t pos = 0;
-            locate(c, lo, pos, cur.key[c]);
-            cur.shift[c] = lo - pos;  // mod 2^64
-            cur.delta[c] = cur.base[c] - cur.shift[c];
-            cur.one_order[c] = lo >= full_[c] || hi - cur.shift[c] <= size ? 1 : 0;
-            all_one_order = all_one_order && cur.one_order[c] != 0;
-        }
-        cur.all_one_order = all_one_order;
-        cur.slots.emplace(cur.end - cur.begin, derive_key(kMixWindowDomain, m, seed_, epoch_),
-                          kMixWindowTableMax);
-        cur.window = m;
+// The fixed-weight map as a source of the shared fill loop (mixture_fill.hpp).
+struct LegacySource {
+    const MixtureShard& shard;
+    const MixtureSpec& s;
+    struct Cache {
+        std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
+        std::vector<std::uint64_t> scratch;
     };
-
-    // The dataset of a window's slot: the number of the window's dataset boundaries at or
-    // below it. Counted without branches for a few datasets (the datasets of neighbouring
-    // slots are random, so a search mispredicts); searched for more. `Linear` is decided
-    // once per segment, outside the loops over its draws.
-    auto dataset_of = [&](std::uint64_t slot, auto linear) -> std::uint32_t {
-        if constexpr (decltype(linear)::value) {
-            std::uint32_t c = 0;
-            for (std::size_t b = 1; b < k; ++b) c += slot >= cur.prefix[b] ? 1U : 0U;
-            return c;
+    std::size_t k() const noexcept { return s.k(); }
+    const std::vector<std::uint64_t>& sizes() const noexcept { return s.sizes(); }
+    const std::vector<std::uint64_t>& offsets() const noexcept { return s.offsets(); }
+    std::uint64_t draws() const noexcept { return s.draws(); }
+    std::uint64_t wrap(std::uint64_t pos) const noexcept { return pos % s.draws(); }
+    std::uint64_t window_of(std::uint64_t j) const noexcept { return s.window_of(j); }
+    void load_window(std::uint64_t m, Cache& cache, std::uint64_t& begin, std::uint64_t& end,
+                     std::vector<std::uint64_t>& lo, std::vector<std::uint64_t>& hi) const {
+        if (cache.window != std::numeric_limits<std::uint64_t>::max() && m == cache.window + 1) {
+            std::swap(lo, hi);
+            begin = end;
         } else {
-            return static_cast<std::uint32_t>(
-                std::upper_bound(cur.prefix.begin() + 1, cur.prefix.end(), slot) - (cur.prefix.begin() + 1));
+            begin = s.boundary(m);
+            s.cumulative(begin, lo.data(), cache.scratch);
         }
-    };
-
-    std::uint64_t x[kChunk];     // window offset -> slot -> position in its permutation
-    std::uint64_t keys[kChunk];  // the key of each draw's permutation
-    std::uint32_t tag[kChunk];   // each draw's dataset
-    std::uint32_t order[kChunk];
-    std::uint64_t gathered[kChunk];
-
-    // One dataset's draws of the chunk, listed in members[0, m) with their positions in
-    // gathered[0, m): permuted run by run of equal keys (one run, unless a pass ends in the
-    // chunk), then scattered to their places.
-    auto permute = [&](std::size_t c, const std::uint32_t* members, std::uint64_t* positions,
-                       std::size_t m, std::int64_t* dst) {
-        std::size_t a = 0;
-        while (a < m) {
-            const std::uint64_t key = keys[members[a]];
-            std::size_t b = a + 1;
-            if (!cur.mixed[c]) {
-                b = m;
-            } else {
-                while (b < m && keys[members[b]] == key) ++b;
-            }
-            if (!cur.inner[c] || cur.inner_key[c] != key) {
-                cur.inner[c].emplace(sizes[c], key);
-                cur.inner_key[c] = key;
-            }
-            cur.inner[c]->apply(positions + a, b - a);
-            a = b;
-        }
-        const std::uint64_t offset = offsets[c];
-        for (std::size_t g = 0; g < m; ++g) dst[members[g]] = static_cast<std::int64_t>(offset + positions[g]);
-    };
-
-    std::uint64_t done = 0;
-    while (done < count) {
-        // Stage the chunk window by window: each draw's dataset, position and key.
-        std::size_t len = 0;
-        std::fill(cur.mixed.begin(), cur.mixed.end(), 0);
-        std::fill(cur.chunk_key_set.begin(), cur.chunk_key_set.end(), 0);
-        while (len < kChunk && done + len < count) {
-            const std::uint64_t pos = p.position(k0 + done + len);
-            const std::uint64_t j = pos < n ? pos : pos % n;  // padding wraps to the epoch's start
-            if (!(cur.begin <= j && j < cur.end && cur.window != std::numeric_limits<std::uint64_t>::max()))
-                load_window(s.window_of(j));
-            const std::uint64_t in_window = (cur.end - j - 1) / w + 1;
-            const std::size_t seg = static_cast<std::size_t>(
-                std::min<std::uint64_t>({in_window, count - done - len, kChunk - len}));
-            std::uint64_t* xs = x + len;
-            for (std::size_t i = 0; i < seg; ++i) xs[i] = j - cur.begin + i * w;
-            cur.slots->apply(xs, seg);
-            // Each draw's dataset, and its position in the permutation of its key.
-            auto place = [&](auto linear) {
-                if (cur.all_one_order) {  // the common case, without a branch per draw
-                    for (std::size_t i = 0; i < seg; ++i) {
-                        const std::uint32_t c = dataset_of(xs[i], linear);
-                        tag[len + i] = c;
-                        xs[i] += cur.delta[c];
-                        keys[len + i] = cur.key[c];
-                    }
-                    return;
-                }
-                for (std::size_t i = 0; i < seg; ++i) {
-                    const std::uint32_t c = dataset_of(xs[i], linear);
-                    tag[len + i] = c;
-                    if (cur.one_order[c]) {
-                        xs[i] += cur.delta[c];
-                        keys[len + i] = cur.key[c];
-                    } else {
-                        locate(c, xs[i] + cur.base[c], xs[i], keys[len + i]);
-                    }
-                }
-            };
-            if (k <= kLinearK) {
-                place(std::true_type{});
-            } else {
-                place(std::false_type{});
-            }
-            // A dataset whose draws in this chunk all walk one permutation needs no search
-            // for runs of equal keys later.
-            for (std::size_t c = 0; c < k; ++c) {
-                if (cur.hi[c] == cur.lo[c]) continue;
-                if (!cur.one_order[c] || (cur.chunk_key_set[c] && cur.chunk_key[c] != cur.key[c])) {
-                    cur.mixed[c] = 1;
-                } else if (!cur.chunk_key_set[c]) {
-                    cur.chunk_key_set[c] = 1;
-                    cur.chunk_key[c] = cur.key[c];
-                }
-            }
-            len += seg;
-        }
-
-        // Each dataset's draws through its permutations, on long arrays.
-        std::int64_t* dst = out + done;
-        if (k <= kScanK) {
-            // A few datasets: one scan per dataset gathers its draws without branches (a
-            // counting sort's increments of one counter would wait on each other).
-            for (std::size_t c = 0; c < k; ++c) {
-                std::size_t m = 0;
-                for (std::size_t i = 0; i < len; ++i) {
-                    order[m] = static_cast<std::uint32_t>(i);
-                    gathered[m] = x[i];
-                    m += tag[i] == c ? 1 : 0;
-                }
-                if (m != 0) permute(c, order, gathered, m, dst);
-            }
-        } else {
-            // Counting sort of the chunk by dataset (stable), positions moved along.
-            std::fill(cur.bucket.begin(), cur.bucket.end(), 0U);
-            for (std::size_t i = 0; i < len; ++i) ++cur.bucket[tag[i] + 1];
-            for (std::size_t c = 0; c < k; ++c) cur.bucket[c + 1] += cur.bucket[c];
-            for (std::size_t i = 0; i < len; ++i) {
-                const std::uint32_t at = cur.bucket[tag[i]]++;
-                order[at] = static_cast<std::uint32_t>(i);
-                gathered[at] = x[i];
-            }
-            std::size_t g = 0;
-            while (g < len) {
-                const std::size_t c = tag[order[g]];
-                const std::size_t e = cur.bucket[c];  // the end of c's run after the placement
-                permute(c, order + g, gathered + g, e - g, dst);
-                g = e;
-            }
-        }
-        done += len;
+        end = s.boundary(m + 1);
+        s.cumulative(end, hi.data(), cache.scratch);
+        cache.window = m;
     }
+    void locate(std::size_t c, std::uint64_t o, std::uint64_t& pos, std::uint64_t& key) const noexcept {
+        shard.locate(c, o, pos, key);
+    }
+    // The partial pass always walks one permutation (hi <= the epoch's draws); a whole pass
+    // when hi stays in it.
+    bool one_order(std::size_t c, std::uint64_t lo, std::uint64_t hi, std::uint64_t shift) const noexcept {
+        return lo >= shard.full(c) || hi - shift <= s.sizes()[c];
+    }
+    std::uint64_t window_key(std::uint64_t m) const noexcept {
+        return derive_key(kMixWindowDomain, m, shard.seed(), shard.epoch());
+    }
+};
+
+}  // namespace
+
+void MixtureShard::fill_range(std::uint64_t k0, std::uint64_t count, std::int64_t* out) const {
+    detail::mixture_fill(LegacySource{*this, *spec_}, plan(), k0, count, out);
 }
 
 std::shared_ptr<const Shard> make_mixture_shard(const Plan& plan,
@@ -439,6 +243,53 @@ std::shared_ptr<const Shard> make_mixture_shard(const Plan& plan,
     if (plan.n != spec->draws())
         throw std::invalid_argument("the plan's length must be the mixture's num_samples");
     return std::make_shared<MixtureShard>(plan, std::move(spec), seed, epoch);
+}
+
+void mixture_stand(std::shared_ptr<const MixtureSpec> spec, std::uint64_t seed, std::uint64_t epoch,
+                   std::uint64_t j, std::vector<std::uint64_t>& counts, std::vector<StreamStart>& starts) {
+    const MixtureSpec& s = *spec;
+    const std::size_t k = s.k();
+    const std::uint64_t n = s.draws();
+    if (j > n) throw std::invalid_argument("position must be in [0, num_samples]");
+    counts.assign(k, 0);
+    starts.assign(k, StreamStart{});
+    std::vector<std::uint64_t> scratch;
+    if (j == n) {
+        counts = s.per_epoch();
+    } else {
+        // The window's counts before j, then the first j - begin slots of its interleave.
+        const std::uint64_t m = s.window_of(j);
+        const std::uint64_t begin = s.boundary(m), end = s.boundary(m + 1);
+        std::vector<std::uint64_t> hi(k), prefix(k + 1, 0);
+        s.cumulative(begin, counts.data(), scratch);
+        s.cumulative(end, hi.data(), scratch);
+        for (std::size_t c = 0; c < k; ++c) prefix[c + 1] = prefix[c] + (hi[c] - counts[c]);
+        const Feistel slots(end - begin, derive_key(kMixWindowDomain, m, seed, epoch), kMixWindowTableMax);
+        for (std::uint64_t r = 0; r < j - begin; ++r) {
+            const std::uint64_t slot = slots(r);
+            ++counts[static_cast<std::size_t>(std::upper_bound(prefix.begin() + 1, prefix.end(), slot) -
+                                              (prefix.begin() + 1))];
+        }
+    }
+    const MixtureShard shard(Plan::make(n, 1, 0, false, true, 0), spec, seed, epoch);
+    for (std::size_t c = 0; c < k; ++c) {
+        const std::uint64_t size = s.sizes()[c];
+        const std::uint64_t o = counts[c], d = s.per_epoch()[c];
+        if (size == 0) continue;
+        std::uint64_t pos = 0, key = 0;
+        if (o < d) {
+            shard.locate(c, o, pos, key);  // the pass (or the partial pass's cycle) it is in
+        } else {
+            // All of this epoch's draws made: whole passes ended; a partial pass stands after
+            // this epoch's part of its cycle.
+            const std::uint64_t r = d - shard.full(c);
+            if (r == 0) continue;
+            const std::uint64_t cycle_len = size / r;
+            pos = (epoch % cycle_len) * r + r;
+            key = sub_key(derive_key(kMixCycleDomain, c, seed, 0), epoch / cycle_len);
+        }
+        if (pos < size) starts[c] = StreamStart{key, pos, size - pos, 0};
+    }
 }
 
 }  // namespace fastshard
