@@ -44,16 +44,11 @@
 
 #include "fastshard/mixture.hpp"
 #include "fastshard/plan.hpp"
-
-#if !defined(__SIZEOF_INT128__)
-#error "mixture schedules need a compiler with u128 (GCC or Clang)"
-#endif
+#include "fastshard/u128.hpp"
 
 namespace fastshard {
 
 class Shard;
-
-__extension__ typedef unsigned __int128 u128;  // __extension__: no -pedantic warning
 
 constexpr std::uint64_t kMixScheduleWindowDomain = 19;
 constexpr std::uint64_t kMixStreamDomain = 20;
