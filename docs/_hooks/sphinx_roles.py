@@ -5,7 +5,8 @@ fastshard's docstrings are NumPy style and name other objects with Sphinx roles
 mkdocstrings renders Markdown, where a role would show as ``:class:`` text. This rewrites each
 role to a cross-reference when it names a public object of fastshard (``fastshard.X`` for a
 name in ``fastshard.__all__``, ``fastshard.transformers.X``, or a method of the documented
-class), and to plain code otherwise (torch's objects, private helpers).
+class), and to plain code otherwise (torch's objects, private helpers). It also drops reST's
+literal-block marker ``::``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,13 @@ def _target(name: str, obj: Any) -> str | None:
 class SphinxRoles(griffe.Extension):
     def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
         docstring = obj.docstring
-        if docstring is None or ":`" not in docstring.value:
+        if docstring is None:
+            return
+        # reST's literal-block marker: "text::" shows as "text:", a lone "::" not at all (the
+        # indented block after it is a code block in Markdown too).
+        value = re.sub(r"(?m)^[ \t]*::[ \t]*\n", "", docstring.value)
+        docstring.value = re.sub(r"(?<=\S)::(?=[ \t]*\n)", ":", value)
+        if ":`" not in docstring.value:
             return
 
         def replace(match: re.Match[str]) -> str:
