@@ -42,9 +42,34 @@ class Checked(Protocol):
 class InconsistentRanksError(RuntimeError):
     """The ranks of the process group disagree on a sampler's configuration.
 
-    Raised by the consistency check at the start of an iteration, on every rank at once, with
-    the same message. ``fields`` maps each differing field to its value on each process rank
-    (list index = rank in the default process group).
+    Raised by the consistency check at the start of an iteration (``check_consistency=True``,
+    the default, with an initialised process group), on every rank at once, with the same
+    message, so that no rank trains on a plan the others do not share.
+
+    Parameters
+    ----------
+    message : str
+        What differs, on which ranks.
+    fields : dict of str to list, optional
+        Each differing field (``"seed"``, ``"epoch"``, ``"n"``, ...) mapped to its value on
+        each process rank (list index = rank in the default process group). Kept as the
+        attribute ``fields``.
+
+    Examples
+    --------
+    >>> err = fastshard.InconsistentRanksError(
+    ...     "ranks disagree on epoch", {"epoch": [3, 2]}
+    ... )
+    >>> err.fields["epoch"]
+    [3, 2]
+
+    Catching it around an iteration::
+
+        try:
+            for batch in loader:
+                ...
+        except fastshard.InconsistentRanksError as err:
+            print(err.fields)  # e.g. {'epoch': [3, 2]}: rank 1 missed a set_epoch
     """
 
     def __init__(self, message: str, fields: dict[str, list[Any]] | None = None) -> None:

@@ -27,7 +27,27 @@ _SPLITTERS = ("BatchSamplerShard", "DataLoaderDispatcher")
 
 
 class ReshardedError(RuntimeError):
-    """A fastshard sampler that shards over ranks is being sharded again by a framework."""
+    """A fastshard sampler that shards over ranks is being sharded again by a framework.
+
+    A sampler with ``num_replicas > 1`` already yields only this rank's share. accelerate's
+    ``prepare`` splits a DataLoader's batches over the processes once more (and its
+    ``dispatch_batches`` mode reads the sampler on process 0 only), so each process would
+    train on ``1 / world_size`` of its shard. Instead, iterating the sampler (or
+    ``set_epoch``) raises this error on every process; it names the fix: build the sampler
+    with ``num_replicas=1, rank=0`` (one global order that accelerate splits), or do not
+    prepare the DataLoader. See the frameworks guide.
+
+    Examples
+    --------
+    ::
+
+        sampler = fastshard.DistributedSampler(dataset)        # shards over the ranks
+        loader = accelerator.prepare(DataLoader(dataset, sampler=sampler, batch_size=8))
+        next(iter(loader))                                     # raises ReshardedError
+
+        sampler = fastshard.DistributedSampler(dataset, num_replicas=1, rank=0)
+        loader = accelerator.prepare(DataLoader(dataset, sampler=sampler, batch_size=8))
+    """
 
 
 def _accelerate_splitter(splitters: tuple[str, ...], depth: int = _DEPTH) -> Any:

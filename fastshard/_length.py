@@ -159,6 +159,37 @@ class LengthGroupedBatchSampler(_UnitSampler):
     ``len(sampler)`` is this rank's number of batches per epoch. ``state_dict(consumed)``
     counts in batches; pass the number of batches the training loop has consumed when the
     DataLoader prefetches (it reads batch indices ahead of the training step).
+
+    Raises
+    ------
+    ValueError
+        Both or neither of ``batch_size`` and ``max_tokens`` given, ``max_batch_size``
+        without ``max_tokens``, a negative length, an empty ``lengths``, or an argument out of
+        range.
+    TypeError
+        ``lengths`` are not integers, or a framework passes a sampler where the lengths go
+        (under Lightning: ``Trainer(use_distributed_sampler=False)``).
+
+    Examples
+    --------
+    Short and long items in batches of two, each batch of similar lengths:
+
+    >>> lengths = [5, 30, 7, 28, 6, 31, 8, 29]
+    >>> sampler = fastshard.LengthGroupedBatchSampler(
+    ...     lengths, batch_size=2, num_replicas=1, rank=0, seed=0
+    ... )
+    >>> len(sampler), list(sampler)
+    (4, [[2, 6], [0, 4], [1, 5], [3, 7]])
+
+    A padded-token budget instead: ``len(batch) * max(lengths[batch]) <= 64``.
+
+    >>> sampler = fastshard.LengthGroupedBatchSampler(
+    ...     lengths, max_tokens=64, num_replicas=1, rank=0, seed=0
+    ... )
+    >>> list(sampler)
+    [[0, 4, 2, 6], [3, 7], [1, 5]]
+
+    In a DataLoader: ``DataLoader(dataset, batch_sampler=sampler, collate_fn=pad_batch)``.
     """
 
     def __init__(
@@ -297,7 +328,34 @@ class LengthGroupedBatchSampler(_UnitSampler):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state saved by any rank, on any number of ranks: the rest of the
         saved epoch's batch sequence, re-sharded over this sampler's ``num_replicas``
-        (exactly the uninterrupted run's batches on the same number)."""
+        (exactly the uninterrupted run's batches on the same number).
+
+        Parameters
+        ----------
+        state : dict
+            What ``state_dict`` returned (counted in batches).
+
+        Raises
+        ------
+        ValueError
+            The state was saved with other lengths or another configuration.
+        TypeError
+            The state is not a dict of the expected types.
+
+        Examples
+        --------
+        >>> lengths = [5, 30, 7, 28, 6, 31, 8, 29]
+        >>> def make():
+        ...     return fastshard.LengthGroupedBatchSampler(
+        ...         lengths, batch_size=2, num_replicas=1, rank=0
+        ...     )
+        >>> saved = make()
+        >>> state = saved.state_dict(consumed=1)
+        >>> resumed = make()
+        >>> resumed.load_state_dict(state)
+        >>> list(resumed) == list(saved)[1:]
+        True
+        """
         super().load_state_dict(state)
 
     def __repr__(self) -> str:

@@ -189,6 +189,27 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         saved epoch then keeps the resume, so that the usual loop (load the checkpoint, then
         ``set_epoch(epoch)`` at the top of every epoch) continues the saved epoch instead of
         training on its first part twice.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch. Every rank must pass the same one.
+
+        Raises
+        ------
+        TypeError
+            ``epoch`` is not an int.
+        fastshard.ReshardedError
+            The sampler is being split again by accelerate's batch dispatcher.
+
+        Examples
+        --------
+        >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> list(sampler)
+        [4, 1, 0, 7, 5]
+        >>> sampler.set_epoch(1)
+        >>> list(sampler)
+        [8, 4, 9, 6, 1]
         """
         epoch = _validate.integer(epoch, "epoch")
         # accelerate's DataLoaderDispatcher sets the epoch on every process but iterates the
@@ -227,8 +248,28 @@ class _ShardSampler(_TorchDistributedSampler[int]):
             Defaults to how many the sampler's latest iterator has yielded — pass it
             explicitly when a loader prefetches ahead of the training step.
 
-        Every rank returns the same state at the same step, except with ``pad=False`` once a
-        rank's shorter shard has run out: save rank 0's state there (its shard is the longest).
+        Returns
+        -------
+        dict
+            The epoch, the position in its global sequence, and the configuration a resume
+            must match (length, seed, order, ...). Every rank returns the same state at the
+            same step, except with ``pad=False`` once a rank's shorter shard has run out: save
+            rank 0's state there (its shard is the longest).
+
+        Raises
+        ------
+        ValueError
+            ``consumed`` is outside ``[0, remaining]``.
+
+        Examples
+        --------
+        >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> it = iter(sampler)
+        >>> [next(it) for _ in range(3)]
+        [4, 1, 0]
+        >>> state = sampler.state_dict()  # 3 consumed on each of 2 ranks
+        >>> state["epoch"], state["cursor"]
+        (0, 6)
         """
         if consumed is None:
             consumed = 0 if self._iterator is None else self._iterator.position
@@ -249,7 +290,32 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         The next iteration yields the rest of the saved epoch re-sharded over this sampler's
         ``num_replicas``: with the same number of ranks exactly what the uninterrupted run
         would have yielded. A state of another length, seed, order, shuffle, drop_last or pad
-        is refused (ValueError/TypeError) and the sampler is left unchanged.
+        is refused and the sampler is left unchanged.
+
+        Parameters
+        ----------
+        state : dict
+            What :meth:`state_dict` returned, on any rank (also after a JSON round trip).
+
+        Raises
+        ------
+        ValueError
+            The state was saved by a sampler of another configuration, or a value in it is
+            out of range.
+        TypeError
+            The state is not a dict of the expected types.
+
+        Examples
+        --------
+        Saved on 2 ranks after 3 steps, resumed on 1: the 4 items no rank had reached.
+
+        >>> saved = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> it = iter(saved)
+        >>> _ = [next(it) for _ in range(3)]
+        >>> resumed = fastshard.DistributedSampler(10, num_replicas=1, rank=0)
+        >>> resumed.load_state_dict(saved.state_dict())
+        >>> resumed.remaining, list(resumed)
+        (4, [7, 2, 5, 6])
         """
         epoch, cursor, rnd = _state.check(state, self._config())
         self._start_pass(epoch, cursor, rnd, resumed=True)
@@ -271,28 +337,66 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         return self._lengths(0)[1]
 
     def __len__(self) -> int:
-        """This rank's number of indices per epoch, as torch's sampler: the whole epoch's,
-        also after ``load_state_dict`` (the resumed pass yields only the rest)."""
+        """This rank's number of indices (batches, rows) per epoch, as torch's sampler: the
+        whole epoch's, also after ``load_state_dict`` (the resumed pass yields only the rest,
+        :attr:`remaining`)."""
         return self._lengths(0)[0]
 
     @property
     def remaining(self) -> int:
         """This rank's number of indices in the current pass, in O(1): ``len(self)``, or
-        after ``load_state_dict`` what is left of the saved epoch on this rank."""
+        after ``load_state_dict`` what is left of the saved epoch on this rank (see the
+        example of :meth:`load_state_dict`)."""
         return self._lengths()[0]
 
     # -- access -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        """This rank's indices of the current pass, as Python ints computed one at a time.
+
+        With a process group (and ``check_consistency``), first checks that every rank has
+        the same configuration: a collective, so every rank must iterate as often.
+
+        Raises
+        ------
+        fastshard.InconsistentRanksError
+            The ranks disagree on the configuration (raised on every rank).
+        fastshard.ReshardedError
+            A framework is sharding this sampler's shard again.
+        """
         _distributed.check(self, self._begin_iteration())
         it: Iterator[int] = self._current().iter(0)
         self._iterator = it
         return it
 
     def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """This rank's indices ``[start, stop)`` of the epoch as a new int64 array.
+        """This rank's indices ``[start, stop)`` of the current pass as a new int64 array.
 
-        ``start`` and ``stop`` follow slice rules (negative values count from the end,
-        out-of-range values are clipped). Large ranges are filled by several threads.
+        Large ranges are filled by several threads (:func:`set_num_threads`), without the GIL.
+
+        Parameters
+        ----------
+        start, stop : int, optional
+            Positions in this rank's shard, with slice rules: negative values count from the
+            end, out-of-range values are clipped. Default: the whole pass.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new 1-D int64 array, the same indices iteration yields at those positions.
+
+        Raises
+        ------
+        TypeError
+            ``start`` or ``stop`` is not an int; or the sampler yields batches or rows rather
+            than indices.
+
+        Examples
+        --------
+        >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> sampler.indices()
+        array([4, 1, 0, 7, 5])
+        >>> sampler.indices(1, 3)
+        array([1, 0])
         """
         start = 0 if start is None else _validate.integer(start, "start")
         stop = None if stop is None else _validate.integer(stop, "stop")
@@ -301,7 +405,29 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         return shard.indices(lo, max(lo, hi))
 
     def __getitem__(self, k: int) -> int:
-        """This rank's k-th index of the epoch (negative k counts from the end)."""
+        """This rank's k-th index of the current pass, in O(1).
+
+        Parameters
+        ----------
+        k : int
+            Position in this rank's shard; negative values count from the end.
+
+        Returns
+        -------
+        int
+            The index iteration yields at position ``k``.
+
+        Raises
+        ------
+        IndexError
+            ``k`` is outside ``[-len, len)`` of the pass.
+
+        Examples
+        --------
+        >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> sampler[0], sampler[-1]
+        (4, 5)
+        """
         k = _validate.integer(k, "index")
         shard = self._current()
         n = len(shard)
@@ -352,7 +478,23 @@ class _UnitSampler(_ShardSampler):
         return it
 
     def __getitem__(self, k: int) -> Any:
-        """This rank's k-th element of the epoch (negative k counts from the end)."""
+        """This rank's k-th element (batch, row) of the current pass.
+
+        Parameters
+        ----------
+        k : int
+            Position in this rank's shard; negative values count from the end.
+
+        Returns
+        -------
+        object
+            The element iteration yields at position ``k``.
+
+        Raises
+        ------
+        IndexError
+            ``k`` is outside ``[-len, len)`` of the pass.
+        """
         k = _validate.integer(k, "index")
         shard = self._current()
         n = len(shard)
@@ -362,7 +504,13 @@ class _UnitSampler(_ShardSampler):
 
     def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Not available: this sampler's elements are not indices (iterate it, or use
-        ``sampler[k]``)."""
+        ``sampler[k]``).
+
+        Raises
+        ------
+        TypeError
+            Always.
+        """
         raise TypeError(
             f"{type(self).__name__} yields {self._units}, not indices: iterate it or use sampler[k]"
         )
@@ -376,6 +524,17 @@ class _UnitSampler(_ShardSampler):
             How many of this pass's elements the training loop has consumed on this rank
             (default: how many the latest iterator yielded; pass it when the DataLoader
             prefetches). The same on every rank at the same step.
+
+        Returns
+        -------
+        dict
+            The epoch, the position in its global sequence and the configuration a resume
+            must match; load it with ``load_state_dict`` on any number of ranks.
+
+        Raises
+        ------
+        ValueError
+            ``consumed`` is outside ``[0, remaining]``.
         """
         return super().state_dict(consumed)
 
@@ -438,6 +597,46 @@ class DistributedSampler(_ShardSampler):
         epoch. ``set_epoch`` and ``load_state_dict`` still set the epoch (and then the next
         iteration does not advance it). Default ``False``, as torch: the same epoch repeats
         until ``set_epoch``, and a shuffled sampler warns once when that happens.
+
+    Raises
+    ------
+    ValueError
+        An argument is out of range (a negative length, ``rank >= num_replicas``, an unknown
+        ``order``, ``block_size`` without ``order="block"``), or ``num_replicas``/``rank``
+        are not given and neither a process group nor ``WORLD_SIZE``/``RANK`` provides them.
+    TypeError
+        An argument has the wrong type (a float length, a string seed).
+
+    Examples
+    --------
+    In a DataLoader, as torch's sampler (``num_replicas`` and ``rank`` usually come from the
+    process group):
+
+    >>> from torch.utils.data import DataLoader
+    >>> data = list(range(100, 110))
+    >>> sampler = fastshard.DistributedSampler(data, num_replicas=2, rank=0)
+    >>> loader = DataLoader(data, sampler=sampler, batch_size=2)
+    >>> for epoch in range(2):
+    ...     sampler.set_epoch(epoch)
+    ...     print([batch.tolist() for batch in loader])
+    [[104, 101], [100, 107], [105]]
+    [[108, 104], [109, 106], [101]]
+
+    A length instead of a dataset, random access and the epoch as an array:
+
+    >>> big = fastshard.DistributedSampler(10**12, num_replicas=8, rank=3)
+    >>> len(big), 0 <= big[0] < 10**12, big.indices(0, 4).shape
+    (125000000000, True, (4,))
+
+    ``order="torch"`` yields exactly torch's indices:
+
+    >>> import torch.utils.data.distributed as tud
+    >>> ours = fastshard.DistributedSampler(
+    ...     10, num_replicas=2, rank=0, order="torch"
+    ... )
+    >>> theirs = tud.DistributedSampler(range(10), num_replicas=2, rank=0)
+    >>> list(ours) == list(theirs)
+    True
     """
 
     def __init__(
@@ -485,11 +684,40 @@ class DistributedSampler(_ShardSampler):
                 )
 
     def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the sampler yields (any int, reduced modulo 2**64).
+
+        Also ends a resumed pass: the sampler yields the whole epoch again. Except right
+        after ``load_state_dict``, before the resumed pass is iterated: ``set_epoch`` of the
+        saved epoch then keeps the resume, so that the usual loop (load the checkpoint, then
+        ``set_epoch(epoch)`` at the top of every epoch) continues the saved epoch instead of
+        training on its first part twice.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch. Every rank must pass the same one.
+
+        Raises
+        ------
+        TypeError
+            ``epoch`` is not an int.
+        ValueError
+            With ``order="torch"``: ``seed + epoch`` is outside ``[-2**63, 2**64)``.
+        fastshard.ReshardedError
+            The sampler is being split again by accelerate's batch dispatcher.
+
+        Examples
+        --------
+        >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> list(sampler)
+        [4, 1, 0, 7, 5]
+        >>> sampler.set_epoch(1)
+        >>> list(sampler)
+        [8, 4, 9, 6, 1]
+        """
         epoch = _validate.integer(epoch, "epoch")
         self._check_torch_seed(epoch)
         super().set_epoch(epoch)
-
-    set_epoch.__doc__ = _ShardSampler.set_epoch.__doc__
 
     def _plan_args(self) -> tuple[int, bool, bool]:
         return self._n, self.drop_last, self.pad
@@ -590,8 +818,37 @@ def _block_arguments(order: str, block_size: Any, window: Any) -> tuple[int | No
 class BatchSampler(Sampler[list[int]]):
     """Batches of a fastshard sampler, each built in C++ in one call.
 
-    Use as ``DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch_size))``.
-    ``set_epoch`` is forwarded to the sampler.
+    Use as ``DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch_size))``: the
+    batches are those of ``torch.utils.data.BatchSampler`` over the same sampler, without a
+    Python call per index. ``set_epoch``, ``state_dict`` and ``load_state_dict`` reach the
+    sampler, counted in batches.
+
+    Parameters
+    ----------
+    sampler : DistributedSampler or WeightedDistributedSampler
+        A fastshard sampler that yields indices (not one that yields batches or rows).
+    batch_size : int
+        Indices per batch, at least 1.
+    drop_last : bool
+        Drop the rank's last batch when it is smaller than ``batch_size``.
+
+    Raises
+    ------
+    TypeError
+        ``sampler`` is not a fastshard index sampler (torch's samplers: use
+        ``torch.utils.data.BatchSampler``), or already yields batches
+        (:class:`LengthGroupedBatchSampler`: pass it as the DataLoader's ``batch_sampler``).
+    ValueError
+        ``batch_size`` is less than 1.
+
+    Examples
+    --------
+    >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+    >>> batches = fastshard.BatchSampler(sampler, batch_size=2)
+    >>> len(batches), list(batches)
+    (3, [[4, 1], [0, 7], [5]])
+
+    In a DataLoader: ``DataLoader(dataset, batch_sampler=batches, num_workers=4)``.
     """
 
     def __init__(self, sampler: _ShardSampler, batch_size: int, drop_last: bool = False) -> None:
@@ -633,12 +890,42 @@ class BatchSampler(Sampler[list[int]]):
         self._yielded = 0  # batches yielded by the latest iteration
 
     def set_epoch(self, epoch: int) -> None:
+        """Set the sampler's epoch (see :meth:`DistributedSampler.set_epoch`).
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch, the same on every rank.
+        """
         self._yielded = 0
         self.sampler.set_epoch(epoch)
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
-        """The sampler's state after ``consumed_batches`` batches of this pass (default: as
-        many as the latest iteration yielded)."""
+        """The sampler's checkpoint after ``consumed_batches`` batches of this pass.
+
+        Parameters
+        ----------
+        consumed_batches : int, optional
+            Batches the training loop has consumed on this rank (default: as many as the
+            latest iteration yielded; pass it when the DataLoader prefetches).
+
+        Returns
+        -------
+        dict
+            The sampler's ``state_dict`` at that batch boundary.
+
+        Raises
+        ------
+        ValueError
+            ``consumed_batches`` is negative.
+
+        Examples
+        --------
+        >>> sampler = fastshard.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> batches = fastshard.BatchSampler(sampler, batch_size=2)
+        >>> batches.state_dict(consumed_batches=1)["cursor"]  # 2 items x 2 ranks
+        4
+        """
         b = (
             self._yielded
             if consumed_batches is None
@@ -649,7 +936,20 @@ class BatchSampler(Sampler[list[int]]):
         return self.sampler.state_dict(min(b * self.batch_size, self.sampler.remaining))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the saved batch boundary (see DistributedSampler.load_state_dict)."""
+        """Resume at the saved batch boundary, on any number of ranks.
+
+        Parameters
+        ----------
+        state : dict
+            What :meth:`state_dict` (of this class or of the sampler) returned.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`DistributedSampler.load_state_dict`.
+        TypeError
+            As :meth:`DistributedSampler.load_state_dict`.
+        """
         self.sampler.load_state_dict(state)
         self._yielded = 0
 

@@ -17,10 +17,35 @@ def set_num_threads(threads: Any) -> None:
     threads : int
         In ``[0, 65536]``; ``0`` restores the default, the number of hardware threads. Ranges
         are split only into parts of at least 65536 indices, so small calls stay single-threaded.
+
+    Raises
+    ------
+    ValueError
+        ``threads`` is outside ``[0, 65536]``.
+    TypeError
+        ``threads`` is not an int.
+
+    Examples
+    --------
+    >>> fastshard.set_num_threads(1)
+    >>> fastshard.get_num_threads()
+    1
+    >>> fastshard.set_num_threads(0)  # the default: all cores
     """
     _core.set_num_threads(_validate.in_range(threads, "threads", 0, MAX_THREADS))
 
 
 def get_num_threads() -> int:
-    """The number of threads that fill large index ranges."""
+    """The number of threads that fill large index ranges.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`, or the number of hardware threads by default.
+
+    Examples
+    --------
+    >>> fastshard.get_num_threads() >= 1
+    True
+    """
     return int(_core.get_num_threads())

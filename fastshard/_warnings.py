@@ -12,4 +12,15 @@ class EpochWarning(UserWarning):
     ``-W error``::
 
         warnings.filterwarnings("ignore", category=fastshard.EpochWarning)
+
+    Examples
+    --------
+    >>> import warnings
+    >>> sampler = fastshard.DistributedSampler(4, num_replicas=1, rank=0)
+    >>> first = list(sampler)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     second = list(sampler)  # no set_epoch in between
+    >>> first == second, caught[0].category.__name__
+    (True, 'EpochWarning')
     """

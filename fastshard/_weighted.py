@@ -109,6 +109,34 @@ class WeightedDistributedSampler(_ShardSampler):
     auto_epoch : bool
         As for :class:`DistributedSampler`: advance the epoch on each new iteration after
         one that ran to its end (default ``False``: warn once instead).
+
+    Raises
+    ------
+    ValueError
+        A weight is negative, NaN or infinite; all are zero; their sum overflows; or
+        ``num_samples`` is not in ``[1, 2**63 - 1]`` (without replacement: at most the number
+        of positive weights).
+    TypeError
+        ``weights`` are not numbers or not 1-D, or a ``torch.Generator`` is passed where
+        ``num_replicas`` goes (``WeightedRandomSampler``'s fourth argument: use ``seed``).
+
+    Examples
+    --------
+    A class-balanced epoch of 8 draws over 2 ranks (item 0 is never drawn):
+
+    >>> sampler = fastshard.WeightedDistributedSampler(
+    ...     [0.0, 1.0, 3.0], num_samples=8, num_replicas=2, rank=0, seed=0
+    ... )
+    >>> len(sampler), sampler.num_draws, list(sampler)
+    (4, 8, [2, 1, 2, 1])
+
+    Without replacement: a weighted random order of the items with a positive weight.
+
+    >>> sampler = fastshard.WeightedDistributedSampler(
+    ...     [1.0, 2.0, 0.0, 4.0], replacement=False, num_replicas=1, rank=0
+    ... )
+    >>> list(sampler)
+    [3, 1, 0]
     """
 
     def __init__(

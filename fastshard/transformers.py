@@ -64,8 +64,42 @@ class FastshardTrainer(transformers.Trainer):
         Passed to :class:`fastshard.DistributedSampler` (e.g. ``order="block"``,
         ``block_size=64``). The seed is ``args.data_seed``, else ``args.seed``.
 
+    Raises
+    ------
+    ValueError
+        When training starts: ``args.train_sampling_strategy`` is not ``"random"`` or
+        ``"sequential"``, or :meth:`make_train_sampler` returned something other than a
+        fastshard sampler with ``num_replicas=1``.
+
+    Notes
+    -----
     Override :meth:`make_train_sampler` for another sampler (e.g. a
     :class:`fastshard.WeightedDistributedSampler`); it must have ``num_replicas=1``.
+    Run it as any Trainer, on one process or under ``torchrun`` / ``accelerate launch``.
+
+    Examples
+    --------
+    ::
+
+        from transformers import TrainingArguments
+        from fastshard.transformers import FastshardTrainer
+
+        args = TrainingArguments("out", per_device_train_batch_size=8, num_train_epochs=3)
+        trainer = FastshardTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            sampler_kwargs={"order": "block", "block_size": 64},  # local reads
+        )
+        trainer.train()  # or trainer.train(resume_from_checkpoint=True)
+
+    Weighted sampling, by overriding the sampler::
+
+        class WeightedTrainer(FastshardTrainer):
+            def make_train_sampler(self, dataset):
+                return fastshard.WeightedDistributedSampler(
+                    weights, num_replicas=1, rank=0, seed=self.args.seed
+                )
     """
 
     def __init__(self, *args: Any, sampler_kwargs: dict[str, Any] | None = None, **kwargs: Any):
@@ -83,6 +117,30 @@ class FastshardTrainer(transformers.Trainer):
         strategies (``"group_by_length"``, ``"batch_rebalance"``) are transformers' own
         samplers, which this Trainer does not replace: they raise ValueError here rather than
         train in a plain shuffled order.
+
+        Parameters
+        ----------
+        dataset : Sized
+            The training dataset.
+
+        Returns
+        -------
+        DistributedSampler
+            ``DistributedSampler(dataset, num_replicas=1, rank=0, seed=..., **sampler_kwargs)``.
+
+        Raises
+        ------
+        ValueError
+            An unsupported ``train_sampling_strategy``, or ``"sequential"`` with
+            ``sampler_kwargs={"shuffle": True}``.
+
+        Examples
+        --------
+        ::
+
+            trainer = FastshardTrainer(model=model, args=args, train_dataset=dataset)
+            trainer.make_train_sampler(dataset)
+            # DistributedSampler(n=..., num_replicas=1, rank=0, shuffle=True, seed=42, ...)
         """
         strategy = getattr(self.args, "train_sampling_strategy", "random")
         if strategy not in _STRATEGIES:

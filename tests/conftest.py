@@ -14,6 +14,18 @@ linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc or sets resource limits (Linux)"
 )
 
+# tests/test_integrations.py: a test that reads the report of a job launched under a framework's
+# own launcher (these module fixtures) is in the extended tier (`pytest -m extended`, run by
+# .ci/run); the file's in-process tests stay in the default tier.
+LAUNCHED_REPORTS = frozenset({"lightning_report", "accelerate_report", "trainer_report"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if LAUNCHED_REPORTS.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.extended)
+
 
 @pytest.fixture(autouse=True)
 def _no_torchrun_env(monkeypatch):

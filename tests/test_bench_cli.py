@@ -14,6 +14,10 @@ from fastshard import _bench
 
 from .conftest import linux_only
 
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# `python -m fastshard bench` runs its cases in fresh processes.
+pytestmark = pytest.mark.extended
+
 
 def _bench_cli(cwd, *args, prelude=""):
     # Outside the source tree, so that the children and the parent import the installed package.

@@ -75,7 +75,12 @@ def launch_world(world: int, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]
     return [o["results"] for o in outputs]
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
+# World size 2 is the default tier's real multi-process run; 3 ranks, the extended tier's.
+@pytest.fixture(
+    scope="module",
+    params=[2, pytest.param(3, marks=pytest.mark.extended)],
+    ids=lambda w: f"world{w}",
+)
 def world(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, Any]]]:
     w = request.param
     # Spawned DataLoader workers each import torch again: one world size covers them.
@@ -308,6 +313,7 @@ def test_example_under_torchrun():
     assert "PASS: 2 epochs, 40,004 samples" in out
 
 
+@pytest.mark.extended  # a second torchrun job of the example (the default tier runs one above)
 def test_example_verdict_fails_when_ranks_disagree():
     # Rank 1 shuffles with another seed (the rank check turned off): items go missing.
     rc, out = run_example("--size", "5001", "--epochs", "1", "--inject-fault")

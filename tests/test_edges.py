@@ -203,6 +203,7 @@ def test_batch_sampler_refuses_a_sampler_that_yields_batches():
         BatchSampler(LengthGroupedBatchSampler(LENGTHS, 8, num_replicas=1, rank=0), 4)
 
 
+@pytest.mark.extended  # imports Lightning: half a minute on 2 cores
 def test_length_grouped_sampler_is_its_own_sampler():
     """Frameworks set the epoch through batch_sampler.sampler (Lightning's _set_sampler_epoch
     reaches dataloader.sampler and dataloader.batch_sampler.sampler only)."""

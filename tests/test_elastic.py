@@ -26,7 +26,12 @@ import pytest
 
 from .conftest import child_env, free_port, kill_group
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and signals")
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# elastic and fault scenarios under torchrun's agent, minutes each.
+pytestmark = [
+    pytest.mark.extended,
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and signals"),
+]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIZE, BATCH, EVERY = 401, 8, 5  # 401 is prime: uneven shards on 2 and 3 ranks

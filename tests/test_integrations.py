@@ -294,6 +294,8 @@ def test_lightning_predict_with_a_fastshard_batch_sampler(lightning_report, kind
     once_each(r["predicted"])
 
 
+# The launched jobs' tests (the *_report fixtures) are in the extended tier: tests/conftest.py.
+@pytest.mark.extended  # a Lightning job of its own
 def test_pytorch_lightning_import_name(tmp_path):
     require("pytorch_lightning")
     report = tmp_path / "report.json"

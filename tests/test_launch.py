@@ -10,6 +10,10 @@ import pytest
 
 from .conftest import launch
 
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# the launcher's hang handling, with real process groups.
+pytestmark = pytest.mark.extended
+
 # A "launcher" that starts a "rank" in its own session holding the output pipe, then hangs.
 HUNG = """
 import subprocess, sys, time

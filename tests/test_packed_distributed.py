@@ -10,6 +10,10 @@ import pytest
 
 from .conftest import launch_ranks
 
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# multi-process; the default tier's real multi-process runs are in test_distributed.py.
+pytestmark = pytest.mark.extended
+
 WORKER = Path(__file__).resolve().parent / "packed_worker.py"
 TIMEOUT = 240  # seconds for the whole run; a hang fails the launch instead of the suite
 

@@ -20,6 +20,10 @@ import pytest
 
 from fastshard import _quality as q
 
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# a statistical battery.
+pytestmark = pytest.mark.extended
+
 FEISTEL = q.Feistel()
 CASES = q.battery(1.0)
 

@@ -11,6 +11,10 @@ import pytest
 
 from .conftest import launch_ranks
 
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# multi-process; the default tier's real multi-process runs are in test_distributed.py.
+pytestmark = pytest.mark.extended
+
 WORKER = Path(__file__).resolve().parent / "stream_worker.py"
 TIMEOUT = 240  # seconds for the whole run; a hang fails the launch instead of the suite
 SIZES = [100, 3, 50, 7, 64]

@@ -25,6 +25,10 @@ from scipy import integrate, stats
 
 from fastshard import WeightedDistributedSampler
 
+# The extended tier (`pytest -m extended`, run by .ci/run):
+# a statistical battery.
+pytestmark = pytest.mark.extended
+
 ALPHA = 1e-5  # per-statistic false-alarm rate, as in test_weighted.py
 RAMP = np.arange(1.0, 9.0)  # 8 items, p = i / 36: every cell of the 8 x 8 table expects >= 75
 PAIRS = 100_000  # pairs per statistic
