@@ -103,7 +103,7 @@ def test_a_second_distinct_sampler_warns_on_its_own():
 def test_epoch_warning_is_its_own_category():
     # A UserWarning, so that default filters show it, and a class of its own, so that a suite
     # run with warnings as errors (torch's reproducibility test iterates a sampler twice) can
-    # silence exactly it, as the README says.
+    # silence exactly it, as the user guide (docs/user-guide.md) says.
     assert issubclass(EpochWarning, UserWarning) and EpochWarning is not UserWarning
     assert fastshard.EpochWarning is EpochWarning and "EpochWarning" in fastshard.__all__
     s = DistributedSampler(40, 2, 1, seed=9)

@@ -134,7 +134,7 @@ def test_reproducible_over_epochs(order):
             got[i].append(next(its[i]))
     assert got[0] == got[1] == epochs[1]
     # torch's reproducibility test iterates one sampler twice without set_epoch. That warns
-    # (EpochWarning); under warnings-as-errors (this suite's setting) the README's filter
+    # (EpochWarning); under warnings-as-errors (this suite's setting) the user guide's filter
     # lets it run.
     a.set_epoch(2)
     with warnings.catch_warnings():

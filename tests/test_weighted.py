@@ -130,7 +130,7 @@ def test_segmented_sweep_is_exact_to_the_documented_bound(kind, n, segment):
     t = fastshard._core.AliasTable(w, _segment=segment)
     got, aliased = table_probabilities(t, n)
     want = w / w.sum()
-    # The README's bound: each bucket's split is a multiple of 2^-32 of its mass 1/n, so
+    # The user guide's bound (docs/user-guide.md): each bucket's split is a multiple of 2^-32 of its mass 1/n, so
     # |p_i - w_i / sum| <= (1 + a_i) 2^-32 / n. Double rounding adds about 1e-16 per step of
     # the sweep and at most ~1e-12 of a bucket at a segment boundary; 1e-11 / n covers both.
     bound = (1 + aliased) * 2.0**-32 / n + 1e-11 / n
