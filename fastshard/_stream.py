@@ -51,7 +51,13 @@ class ReadAmplificationWarning(UserWarning):
 
 
 class ShardReadError(RuntimeError):
-    """A shard's ``read`` yielded fewer rows than the shard's size says it holds."""
+    """A shard's ``read`` yielded fewer rows than the shard's size says it holds.
+
+    Raised by the reader that found it (in a DataLoader worker, the DataLoader raises it
+    again in the main process), with the shard, the rows asked for and the rows missing:
+    ``shard_sizes`` must give each shard's exact number of items, or the epoch would be
+    short on one rank and the others would wait for it.
+    """
 
 
 class ShardedStream(IterableDataset[Any]):
@@ -91,6 +97,39 @@ class ShardedStream(IterableDataset[Any]):
         positions by repeating items from the start of the epoch so every rank yields the
         same count; ``drop_last=True`` drops them instead; ``pad=False`` yields every item
         exactly once, with rank counts that differ by at most one.
+
+    Raises
+    ------
+    ValueError
+        A negative shard size, sizes summing to 2**63 or more, ``batch_size``, ``lanes``,
+        ``window`` or ``chunk_size`` below 1, or a rank outside ``[0, num_replicas)``.
+    TypeError
+        Shard sizes that are not integers, or a ``read`` that is not callable.
+    fastshard.InconsistentRanksError
+        At construction, ``set_epoch`` and ``load_state_dict``, on every rank of an
+        initialised process group, when the ranks disagree on the shard sizes, the seed,
+        the configuration or the epoch.
+    fastshard.ReshardedError
+        When accelerate would split the stream's batches over its processes again.
+
+    Examples
+    --------
+    Three shards of 4, 0 and 3 rows, read by rank 1 of 2 (each rank gets 4 of the 7
+    items, one repeated from the start of the epoch):
+
+    >>> def read(shard, start, stop):
+    ...     return [(shard, row) for row in range(start, stop)]
+    >>> stream = fastshard.ShardedStream(
+    ...     [4, 0, 3], read, batch_size=2, num_replicas=2, rank=1, seed=0
+    ... )
+    >>> len(stream)
+    4
+    >>> items = list(stream)
+    >>> len(items), all(shard in (0, 2) for shard, _ in items)
+    (4, True)
+
+    In a training job: ``DataLoader(stream, batch_size=2, num_workers=k)`` and
+    ``stream.set_epoch(epoch)`` before each epoch (docs/streams.md).
     """
 
     epoch: int
@@ -215,6 +254,29 @@ class ShardedStream(IterableDataset[Any]):
         receive it). Checks that every rank agrees (one small collective).
 
         Right after ``load_state_dict``, ``set_epoch`` of the saved epoch keeps the resume.
+
+        Parameters
+        ----------
+        epoch : int
+            Any int (reduced modulo 2**64 for the order).
+
+        Raises
+        ------
+        fastshard.InconsistentRanksError
+            On every rank, when the ranks are not at the same epoch and configuration.
+        fastshard.ReshardedError
+            Under accelerate's ``DataLoaderDispatcher`` with ``num_replicas > 1``.
+
+        Examples
+        --------
+        >>> stream = fastshard.ShardedStream(
+        ...     [3, 3], lambda s, a, b: range(a, b), batch_size=1, num_replicas=1, rank=0
+        ... )
+        >>> first = list(stream)
+        >>> stream.set_epoch(1)
+        >>> second = list(stream)
+        >>> sorted(first) == sorted(second), stream.epoch
+        (True, 1)
         """
         epoch = _validate.integer(epoch, "epoch")
         # accelerate's DataLoaderDispatcher sets the epoch on every process, then iterates
@@ -269,7 +331,8 @@ class ShardedStream(IterableDataset[Any]):
 
     # -- lengths ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        """This rank's number of items per epoch (all its workers together)."""
+        """This rank's number of items per epoch (all its workers together): the whole
+        epoch's, also after ``load_state_dict``, as frameworks size an epoch once."""
         return self._lengths(0)[0]
 
     @property
@@ -280,6 +343,16 @@ class ShardedStream(IterableDataset[Any]):
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> _StreamIterator:
+        """This reader's items of the pass: all of the rank's in the main process, or the
+        rank's batches w, w + k, ... in DataLoader worker w of k. The iterator is stateful
+        for torchdata (``state_dict``/``load_state_dict``) and counts ``reads``,
+        ``rows_read`` and ``yielded``.
+
+        Raises
+        ------
+        fastshard.ReshardedError
+            Under accelerate's ``IterableDatasetShard`` with ``num_replicas > 1``.
+        """
         splitter = _frameworks.accelerate_split(_ITERABLE_SPLITTERS)
         _frameworks.check_not_resharded(self, *splitter)
         info = get_worker_info()
@@ -312,7 +385,24 @@ class ShardedStream(IterableDataset[Any]):
         global cursor after what this process's latest iteration yielded. Use it when the
         stream is iterated in this process (``num_workers=0``); with workers, checkpoint the
         loader (torchdata's ``StatefulDataLoader``), whose state this class's
-        ``load_state_dict`` also reads, for any number of ranks and workers."""
+        ``load_state_dict`` also reads, for any number of ranks and workers.
+
+        Returns
+        -------
+        dict
+            ``version``, the configuration (rows, shards, a checksum of the sizes, seed,
+            shuffle, lanes, window, chunk_size, drop_last, pad), ``epoch`` and ``cursor``.
+
+        Examples
+        --------
+        >>> stream = fastshard.ShardedStream(
+        ...     [5, 5], lambda s, a, b: range(a, b), batch_size=2, num_replicas=2, rank=0
+        ... )
+        >>> it = iter(stream)
+        >>> _ = [next(it) for _ in range(3)]
+        >>> stream.state_dict()["cursor"]  # 3 items on each of the 2 ranks
+        6
+        """
         it = self._iterator
         cursor = self._cursor if it is None else it.global_cursor()
         return _state.make(self._config(), self.epoch, min(cursor, self.num_rows))
@@ -321,7 +411,32 @@ class ShardedStream(IterableDataset[Any]):
         """Resume from a checkpoint saved on any number of ranks and workers: a state of
         :meth:`state_dict`, or the ``state_dict()`` of a torchdata ``StatefulDataLoader``
         over a stream (any rank's). The next iteration yields the rest of the saved epoch
-        over this stream's ranks and workers, nothing lost and nothing repeated."""
+        over this stream's ranks and workers, nothing lost and nothing repeated.
+
+        Parameters
+        ----------
+        state : dict
+            The stream's or the loader's state.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A state of another configuration (sizes, seed, lanes, ...) or not a stream's;
+            the stream is left unchanged.
+        fastshard.InconsistentRanksError
+            On every rank, when the ranks load different states.
+
+        Examples
+        --------
+        >>> read = lambda s, a, b: range(a, b)
+        >>> old = fastshard.ShardedStream([5, 5], read, batch_size=2, num_replicas=2, rank=0)
+        >>> it = iter(old)
+        >>> _ = [next(it) for _ in range(3)]
+        >>> new = fastshard.ShardedStream([5, 5], read, batch_size=2, num_replicas=2, rank=0)
+        >>> new.load_state_dict(old.state_dict())
+        >>> new.remaining  # of rank 0's 5 items, 3 were consumed
+        2
+        """
         readers = _reader_states(state)
         if readers:
             state = _merge_readers(readers, _steps_since_snapshot(state))
