@@ -13,6 +13,7 @@ except ImportError as err:  # pragma: no cover - only without a build
         "development) rather than importing it from the source tree."
     ) from err
 
+from . import readers as readers  # fastshard.readers after `import fastshard`
 from ._distributed import InconsistentRanksError
 from ._frameworks import ReshardedError
 from ._length import LengthGroupedBatchSampler
