@@ -230,6 +230,7 @@ def test_ranks_and_workers_end_to_end(
 
 
 @pytest.mark.parametrize("fmt", ["tar", "parquet"])
+@pytest.mark.filterwarnings("ignore::fastshard.ReadAmplificationWarning")  # lanes shared on purpose
 def test_shared_lanes_and_chunks(fmt: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """lanes not a multiple of batch_size * W * workers (lanes shared between readers) and
     shards cut into chunks (reads that start mid-shard): still every sample once, and no
