@@ -181,6 +181,50 @@ class MixtureSampler(_ShardSampler):
         target below one draw is refused (its counts could not stay monotone).
     check_consistency, auto_epoch
         As for :class:`DistributedSampler`; the check covers the sizes and weights.
+    schedule : sequence of (int, sequence of weights), keyword only
+        Instead of ``weights``: proportions that change over training, as points
+        ``(draw, weights)`` in global draws (draw ``j`` of epoch ``e`` is global draw
+        ``e * num_samples + j``), the first at draw 0. Between two points the shares move
+        linearly; two points at one draw make a step; after the last point they stay. At
+        every window boundary each dataset's count is within 1 of the exact integral of its
+        share, and a change of weights never restarts a dataset's pass (a weight of 0
+        pauses it). Guide: docs/mixtures.md.
+
+    Raises
+    ------
+    TypeError
+        Neither or both of ``weights`` and ``schedule``; weights or sizes of the wrong type.
+    ValueError
+        Negative, non-finite or all-zero weights (at a point of a schedule: the point is
+        named), a dataset of length 0 with a positive weight, points out of order, or a
+        ``period`` too short for the smallest share.
+    RuntimeError
+        A schedule whose counts cannot stay within 1 of its integral and monotone (several
+        datasets ramping through 0 within a few windows of each other): the draw is named.
+    fastshard.InconsistentRanksError
+        At the start of an iteration, on every rank, when the ranks disagree.
+
+    Examples
+    --------
+    Two datasets of 100 and 50 items at 3 : 1, eight draws per epoch:
+
+    >>> mix = fastshard.MixtureSampler(
+    ...     [100, 50], [3, 1], num_samples=8, num_replicas=1, rank=0
+    ... )
+    >>> mix.per_epoch  # exact counts per dataset
+    [6, 2]
+    >>> sum(1 for i in mix if i >= 100)  # indices >= 100 are the second dataset's
+    2
+
+    A curriculum: only the first dataset for 1000 draws, then a ramp to 1 : 1 by draw 2000:
+
+    >>> curriculum = fastshard.MixtureSampler(
+    ...     [100, 50],
+    ...     schedule=[(0, [1, 0]), (1000, [1, 0]), (2000, [1, 1])],
+    ...     num_samples=1000, num_replicas=1, rank=0,
+    ... )
+    >>> curriculum.counts(1000), curriculum.counts(2000)
+    ([1000, 0], [1750, 250])
     """
 
     weights: list[int] | list[float] | None

@@ -109,6 +109,34 @@ class PackedSampler(_UnitSampler):
     ``len(sampler)`` is this rank's number of rows per epoch; ``state_dict(consumed)`` counts
     rows. ``sampler[k]`` is this rank's k-th row; ``indices()`` is not available (the elements
     are rows, not indices).
+
+    Raises
+    ------
+    ValueError
+        A length below 1 (the index is named), lengths that sum to 2**63 or more, ``seq_len``
+        out of range, fewer tokens than one row, an unknown ``mode`` or ``long_docs``, or
+        ``overlap`` with ``best_fit``.
+    TypeError
+        Lengths that are not integers.
+    fastshard.InconsistentRanksError
+        At the start of an iteration, on every rank, when the ranks disagree (the lengths
+        are compared by checksum).
+
+    Examples
+    --------
+    Five documents of 23 tokens in rows of 8 (the last 7 tokens, a partial row, are
+    dropped):
+
+    >>> import numpy as np
+    >>> lengths = np.array([5, 3, 7, 2, 6])
+    >>> rows = fastshard.PackedSampler(lengths, 8, num_replicas=1, rank=0, seed=0)
+    >>> len(rows)
+    2
+    >>> rows[0].tolist()  # (document, start, stop) segments that fill row 0
+    [[2, 1, 7], [4, 0, 2]]
+
+    In training: ``DataLoader(fastshard.PackedTokens(tokens, offsets, 8), sampler=rows,
+    batch_size=B, collate_fn=fastshard.collate_rows)``.
     """
 
     def __init__(
@@ -331,6 +359,25 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
         The token of best_fit padding.
     lengths : array, optional
         The sampler's lengths: checked against ``offsets`` (one pass, in chunks).
+
+    Raises
+    ------
+    ValueError
+        ``offsets`` outside ``[0, len(tokens)]``, or ``lengths`` given that disagree with
+        ``offsets`` (their count, or a document's length).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> lengths = np.array([5, 3, 7, 2, 6])
+    >>> offsets = np.concatenate([[0], np.cumsum(lengths)])
+    >>> data = fastshard.PackedTokens(np.arange(offsets[-1]), offsets, 8)
+    >>> rows = fastshard.PackedSampler(lengths, 8, num_replicas=1, rank=0, seed=0)
+    >>> item = data[rows[0]]
+    >>> item["input_ids"].tolist()
+    [9, 10, 11, 12, 13, 14, 17, 18]
+    >>> item["position_ids"].tolist()  # restarting at every document
+    [0, 1, 2, 3, 4, 5, 0, 1]
     """
 
     def __init__(
@@ -446,7 +493,30 @@ def collate_rows(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
     """A batch of :class:`PackedTokens` rows: ``input_ids``, ``labels``, ``position_ids``
     stacked to ``[B, seq_len]``; ``cu_seqlens`` (int32) the segment boundaries of the batch
     flattened to one sequence of ``B * seq_len`` tokens (what flash-attention's varlen
-    kernels and transformers' flattening collator use), and ``max_seqlen``."""
+    kernels and transformers' flattening collator use), and ``max_seqlen``.
+
+    Parameters
+    ----------
+    items : sequence of dict
+        Rows of :class:`PackedTokens`, all of one ``seq_len``.
+
+    Returns
+    -------
+    dict
+        ``input_ids``, ``labels``, ``position_ids`` (``[B, seq_len]`` tensors),
+        ``cu_seqlens`` (int32) and ``max_seqlen`` (int).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> lengths = np.array([5, 3, 7, 2, 6])
+    >>> offsets = np.concatenate([[0], np.cumsum(lengths)])
+    >>> data = fastshard.PackedTokens(np.arange(offsets[-1]), offsets, 8)
+    >>> rows = fastshard.PackedSampler(lengths, 8, num_replicas=1, rank=0, seed=0)
+    >>> batch = fastshard.collate_rows([data[rows[0]], data[rows[1]]])
+    >>> tuple(batch["input_ids"].shape), batch["cu_seqlens"].tolist()
+    ((2, 8), [0, 6, 8, 13, 15, 16])
+    """
     out: dict[str, Any] = {
         key: torch.stack([it[key] for it in items])
         for key in ("input_ids", "labels", "position_ids")
