@@ -47,7 +47,22 @@ _ITERABLE_SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
 class ReadAmplificationWarning(UserWarning):
     """A ShardedStream's lanes are shared by several readers (``lanes`` is not a multiple of
     ``batch_size * num_replicas * num_workers``): each reader reads the shared lanes' rows
-    and keeps its own, so it reads up to the sharing factor times the rows it yields."""
+    and keeps its own, so it reads up to the sharing factor times the rows it yields.
+
+    Examples
+    --------
+    Batches of 3 on one rank need lanes in multiples of 3; 4 lanes are shared:
+
+    >>> import warnings
+    >>> stream = fastshard.ShardedStream(
+    ...     [6], lambda s, a, b: range(a, b), batch_size=3, lanes=4, num_replicas=1, rank=0
+    ... )
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     items = list(stream)
+    >>> sorted(items), [w.category.__name__ for w in caught]
+    ([0, 1, 2, 3, 4, 5], ['ReadAmplificationWarning'])
+    """
 
 
 class ShardReadError(RuntimeError):
@@ -57,6 +72,19 @@ class ShardReadError(RuntimeError):
     again in the main process), with the shard, the rows asked for and the rows missing:
     ``shard_sizes`` must give each shard's exact number of items, or the epoch would be
     short on one rank and the others would wait for it.
+
+    Examples
+    --------
+    A shard said to hold 3 rows whose read stops after 2:
+
+    >>> stream = fastshard.ShardedStream(
+    ...     [3], lambda s, a, b: range(a, min(b, 2)), batch_size=1, num_replicas=1, rank=0
+    ... )
+    >>> try:
+    ...     list(stream)
+    ... except fastshard.ShardReadError as err:
+    ...     print(str(err).split(",")[0])
+    read(0, 0, 3) yielded 2 items and stopped
     """
 
 
