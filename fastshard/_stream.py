@@ -83,8 +83,8 @@ class ShardReadError(RuntimeError):
     >>> try:
     ...     list(stream)
     ... except fastshard.ShardReadError as err:
-    ...     print(str(err).split(",")[0])
-    read(0, 0, 3) yielded 2 items and stopped
+    ...     print(str(err).split(" items")[0])
+    read(0, 0, 3) yielded 2
     """
 
 
