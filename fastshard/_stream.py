@@ -78,7 +78,8 @@ class ShardReadError(RuntimeError):
     A shard said to hold 3 rows whose read stops after 2:
 
     >>> stream = fastshard.ShardedStream(
-    ...     [3], lambda s, a, b: range(a, min(b, 2)), batch_size=1, num_replicas=1, rank=0
+    ...     [3], lambda s, a, b: range(a, min(b, 2)), batch_size=1, lanes=1,
+    ...     num_replicas=1, rank=0,
     ... )
     >>> try:
     ...     list(stream)
