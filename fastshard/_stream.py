@@ -503,12 +503,6 @@ class ShardedStream(IterableDataset[Any]):
         return plan.sequence(lo, max(lo, hi))
 
 
-def _signed(value: int) -> int:
-    """``value mod 2**64`` as an int64."""
-    v = value % 2**64
-    return v - 2**64 if v >= 2**63 else v
-
-
 def _shard_sizes(value: Any) -> np.ndarray:
     arr = _validate.host_array(value, "shard_sizes", "ints")
     if arr.ndim != 1:
@@ -613,7 +607,9 @@ class _StreamIterator(Iterator[Any]):
                 lane.close()
             self._lanes.clear()
             if self.worker < BOARD_WORKERS:
-                self.stream._board[self.worker] = torch.tensor([1, _signed(self.epoch)])
+                self.stream._board[self.worker] = torch.tensor(
+                    [1, _distributed._signed(self.epoch)]
+                )
 
     def close(self) -> None:
         """Close the open reads (the iterator yields nothing more)."""
