@@ -4,6 +4,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "fastshard/clones.hpp"
 #include "fastshard/mix.hpp"
 
 namespace fastshard {
@@ -13,13 +14,6 @@ namespace {
 constexpr std::uint32_t low_mask(unsigned bits) noexcept {
     return bits >= 32 ? 0xffffffffU : (std::uint32_t{1} << bits) - 1U;
 }
-
-#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(FASTSHARD_NO_CLONES) && !defined(__SANITIZE_ADDRESS__)
-#define FASTSHARD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FASTSHARD_CLONES
-#endif
 
 // Lanes per block: enough independent work for the compiler to vectorise the rounds.
 constexpr std::size_t kBlock = 64;
