@@ -460,20 +460,26 @@ def test_window_sums_carry_past_32_bits(huge):
     # length of 2^32 or more, leaves its carry in a spill list ("few"); a part with more than
     # 2^16 of them moves to 64-bit words ("all"). Rows from those tables (window 4096) must equal
     # the rows of the positional walk (window 1: no table fits, no 32-bit words at all).
+    import fastshard
     from fastshard import _core
 
     n = 2**21 + 5
     rng = np.random.default_rng(8)
     if huge == "few":
-        arr = rng.integers(1, 2**20, n).astype(np.int64)  # window sums of ~2^31: carries
+        arr = rng.integers(1, 2**21, n).astype(np.int64)  # window sums of ~2^32: carries
         arr[rng.choice(n, 1000, replace=False)] = rng.integers(2**32, 2**36, 1000)
     else:
         arr = rng.integers(2**32, 2**33, n).astype(np.int64)
     seq = int(arr.sum()) // 5000  # about 5000 rows, each spanning hundreds of documents
-    first, total, overflow, _, rows = _core.concat_start(arr, seq, False, 4096, 6, 0)
+    # Three threads whatever the machine: parts 1 and 2 fold into part 0's words, with carries.
+    fastshard.set_num_threads(3)
+    try:
+        first, total, overflow, _, rows = _core.concat_start(arr, seq, False, 4096, 6, 0)
+        later = _core.concat_epoch(arr, seq, False, 4096, 6, 1)  # another epoch, later
+    finally:
+        fastshard.set_num_threads(0)  # the default
     assert (first, total, overflow) == (-1, int(arr.sum()), False)
     walked = _core.concat_epoch(arr, seq, False, 1, 6, 0)
-    later = _core.concat_epoch(arr, seq, False, 4096, 6, 1)  # another epoch, after construction
     walked_later = _core.concat_epoch(arr, seq, False, 1, 6, 1)
     for x, y in ((rows, walked), (later, walked_later)):
         assert x.num_rows == y.num_rows
