@@ -235,6 +235,24 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         "needs size 1e7",
     )
 
+    rs = ok(_find(cases, "range", "iter", 10**7))
+    ri = ("range", "iter")
+    pr, k = paired(fi, ri, 10**7, "total_s", False)
+    pc, _ = paired(fi, ri, 10**7, "cpu_s", False)
+    add(
+        f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs a range of its length (new ints)",
+        "<= 1.2x the range",
+        lambda r: r <= 1.2,
+        f"{_ns(fs):.1f} vs {_ns(rs):.1f} ns/index" if fs and rs else None,
+        (
+            ratio(_best(fs, "total_s"), _best(rs, "total_s")),
+            ratio(_best(fs, "cpu_s"), _best(rs, "cpu_s")),
+        ),
+        (pr, pc),
+        k,
+        "needs size 1e7",
+    )
+
     fa = ok(_find(cases, "fastshard", "array", 10**9))
     na = ok(_find(cases, "arange", "array", 10**9))
     threads = results["meta"].get("fastshard_threads")
