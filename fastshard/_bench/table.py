@@ -96,6 +96,8 @@ def render(results: dict[str, Any]) -> str:
                 notes.append("reference: writes the same number of int64")
             if key == "list":
                 notes.append("reference: peak is the list itself")
+            if key == "range":
+                notes.append("reference: creates one int per step, as a sampler must")
             lines.append(
                 f"| {_fmt_n(n)} | {label} | {first} | {ns_it} | {epoch} | {ns_ar} "
                 f"| {peak_it} | {peak_ar} | {'; '.join(notes)} |"
