@@ -231,8 +231,10 @@ def test_core_targets_take_each_ratio_the_right_way_round():
             case("fastshard", "iter", 10**7, 1.0),
             case("torch", "iter", 10**7, 30.0),
             case("list", "iter", 10**7, 0.25),
+            case("range", "iter", 10**7, 0.8),
             pair(fi, ti, 10**7, [1.0, 2.0, 1.0], [10.0, 20.0, 30.0]),
             pair(fi, li, 10**7, [1.0, 1.0, 1.0], [0.5, 0.5, 4.0]),
+            pair(fi, ("range", "iter"), 10**7, [1.0, 1.3, 1.1], [1.0, 1.0, 1.0]),
         ],
     }
     rows = {r["target"].split(":")[0] + r["goal"]: r for r in _bench.core_targets(results)}
@@ -241,6 +243,8 @@ def test_core_targets_take_each_ratio_the_right_way_round():
     assert vs_torch["pair_rounds"] == 3 and vs_torch["met"] is False  # judged on the pairs
     vs_list = rows["iterate a rank epoch at n=1e7 (W=8)<= 3x the list"]
     assert vs_list["ratio"] == 4.0 and vs_list["pair_ratio"] == 2.0 and vs_list["met"] is True
+    vs_range = rows["iterate a rank epoch at n=1e7 (W=8)<= 1.2x the range"]
+    assert vs_range["ratio"] == 1.25 and vs_range["pair_ratio"] == 1.1 and vs_range["met"] is True
     first = rows["first index>= 1000x faster"]
     assert first["ratio"] == 30.0 and first["met"] is False
     # Not measured: no 1e9 array cases, no memory-target case.

@@ -11,7 +11,11 @@
 
 namespace {
 
-constexpr std::uint32_t kBuffer = 256;
+// Items per refill. A refill's fixed costs (the virtual call, the position's division, the
+// cycle walk's last partial passes over a few lanes) are spread over this many items: 1024
+// costs about 1 ns an item less than 256 in the feistel order (bench/RESULTS.md, issue 30),
+// for 6 KiB more per iterator.
+constexpr std::uint32_t kBuffer = 1024;
 
 struct ShardIterObject {
     PyObject_HEAD std::shared_ptr<const fastshard::Shard> shard;
@@ -32,29 +36,36 @@ void iter_dealloc(PyObject* self) {
     Py_DECREF(type);
 }
 
+// The refill, out of line: the per-item path of iter_next stays a compare, a load and a
+// tail call to PyLong_FromLongLong, without saving registers for the call into the shard.
+// Returns false with a Python exception set, or at the end with none set.
+[[gnu::noinline]] bool refill(ShardIterObject* it) {
+    if (it->next >= it->stop) return false;  // StopIteration
+    const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBuffer, it->stop - it->next));
+    // A C++ exception must not unwind into CPython, which called this slot directly (no
+    // pybind11 dispatch to translate it): it becomes a Python exception here, and the
+    // iterator stays where it was, so a retry refills the same items.
+    try {
+        it->shard->fill(it->next, count, it->buffer);
+    } catch (const std::bad_alloc&) {
+        PyErr_NoMemory();
+        return false;
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return false;
+    } catch (...) {
+        PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception while filling the iterator's buffer");
+        return false;
+    }
+    it->next += count;
+    it->pos = 0;
+    it->len = count;
+    return true;
+}
+
 PyObject* iter_next(PyObject* self) {
     auto* it = reinterpret_cast<ShardIterObject*>(self);
-    if (it->pos == it->len) {
-        if (it->next >= it->stop) return nullptr;  // StopIteration
-        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBuffer, it->stop - it->next));
-        // A C++ exception must not unwind into CPython, which called this slot directly (no
-        // pybind11 dispatch to translate it): it becomes a Python exception here, and the
-        // iterator stays where it was, so a retry refills the same items.
-        try {
-            it->shard->fill(it->next, count, it->buffer);
-        } catch (const std::bad_alloc&) {
-            return PyErr_NoMemory();
-        } catch (const std::exception& e) {
-            PyErr_SetString(PyExc_RuntimeError, e.what());
-            return nullptr;
-        } catch (...) {
-            PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception while filling the iterator's buffer");
-            return nullptr;
-        }
-        it->next += count;
-        it->pos = 0;
-        it->len = count;
-    }
+    if (it->pos == it->len && !refill(it)) return nullptr;
     return PyLong_FromLongLong(it->buffer[it->pos++]);
 }
 

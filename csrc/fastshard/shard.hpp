@@ -64,10 +64,17 @@ class PermutationShard final : public Shard {
         constexpr std::uint64_t kChunk = 1024;
         for (std::uint64_t start = 0; start < count; start += kChunk) {
             const std::uint64_t m = count - start < kChunk ? count - start : kChunk;
-            for (std::uint64_t i = 0; i < m; ++i) {
-                x[start + i] = j;
-                j += step;
+            // Runs of positions that do not wrap past n, each an arithmetic sequence the
+            // compiler vectorises (a test per position to wrap it would keep the loop scalar).
+            std::uint64_t i = 0;
+            while (i < m) {
+                const std::uint64_t before_wrap = step == 0 ? m - i : (n - j + step - 1) / step;
+                const std::uint64_t run = before_wrap < m - i ? before_wrap : m - i;
+                std::uint64_t* dst = x + start + i;
+                for (std::uint64_t t = 0; t < run; ++t) dst[t] = j + t * step;
+                j += run * step;  // < n + step <= 2n: one subtraction wraps it
                 if (j >= n) j -= n;
+                i += run;
             }
             perm_.apply(x + start, static_cast<std::size_t>(m));
         }

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 # (key, label, modes, kind): kind "sampler" is a sampler; "floor" is a reference that bounds
-# what any sampler could do (iterate a ready list; write an array of the same length).
+# what any sampler could do (iterate a ready list; iterate a range, creating one int per step
+# as a sampler must; write an array of the same length).
 SAMPLERS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("fastshard", "fastshard", ("iter", "array"), "sampler"),
     ("fastshard-torch", "fastshard order='torch'", ("iter", "array"), "sampler"),
@@ -19,6 +20,7 @@ SAMPLERS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("torchdata", "torchdata StatefulDistributedSampler", ("iter",), "sampler"),
     ("grain", "grain IndexSampler", ("iter",), "sampler"),
     ("list", "Python list (iteration floor)", ("iter",), "floor"),
+    ("range", "Python range (iteration floor, new ints)", ("iter",), "floor"),
     ("arange", "np.arange (write floor)", ("array",), "floor"),
 )
 LABELS = {key: label for key, label, _, _ in SAMPLERS}
@@ -123,6 +125,16 @@ class _ListFloor(_Adapter):
         return iter(self.items)
 
 
+class _RangeFloor(_Adapter):
+    """One new int per step, as a sampler creates: values from 1000, past the small-int cache."""
+
+    def __init__(self, n: int, world: int, rank: int) -> None:
+        self.length = _rank_length(n, world, rank)
+
+    def iterate(self) -> Iterator[int]:
+        return iter(range(1000, 1000 + self.length))
+
+
 class _ArangeFloor(_Adapter):
     def __init__(self, n: int, world: int, rank: int) -> None:
         import numpy as np
@@ -147,6 +159,8 @@ def _adapter(sampler: str, n: int, world: int, rank: int) -> _Adapter:
         return _Grain(n, world, rank)
     if sampler == "list":
         return _ListFloor(n, world, rank)
+    if sampler == "range":
+        return _RangeFloor(n, world, rank)
     if sampler == "arange":
         return _ArangeFloor(n, world, rank)
     raise ValueError(f"unknown sampler {sampler!r}")

@@ -26,6 +26,7 @@ TARGET_MEMORY_LIMIT = 64 * _MiB
 PAIRS = (
     (("fastshard", "iter"), ("torch", "iter"), 10**7),
     (("fastshard", "iter"), ("list", "iter"), 10**7),
+    (("fastshard", "iter"), ("range", "iter"), 10**7),
     (("fastshard", "array"), ("arange", "array"), 10**9),
 )
 PAIR_ROUNDS = 9

@@ -96,6 +96,8 @@ def render(results: dict[str, Any]) -> str:
                 notes.append("reference: writes the same number of int64")
             if key == "list":
                 notes.append("reference: peak is the list itself")
+            if key == "range":
+                notes.append("reference: creates one int per step, as a sampler must")
             lines.append(
                 f"| {_fmt_n(n)} | {label} | {first} | {ns_it} | {epoch} | {ns_ar} "
                 f"| {peak_it} | {peak_ar} | {'; '.join(notes)} |"
@@ -229,6 +231,24 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         (
             ratio(_best(fs, "total_s"), _best(ls, "total_s")),
             ratio(_best(fs, "cpu_s"), _best(ls, "cpu_s")),
+        ),
+        (pr, pc),
+        k,
+        "needs size 1e7",
+    )
+
+    rs = ok(_find(cases, "range", "iter", 10**7))
+    ri = ("range", "iter")
+    pr, k = paired(fi, ri, 10**7, "total_s", False)
+    pc, _ = paired(fi, ri, 10**7, "cpu_s", False)
+    add(
+        f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs a range of its length (new ints)",
+        "<= 1.2x the range",
+        lambda r: r <= 1.2,
+        f"{_ns(fs):.1f} vs {_ns(rs):.1f} ns/index" if fs and rs else None,
+        (
+            ratio(_best(fs, "total_s"), _best(rs, "total_s")),
+            ratio(_best(fs, "cpu_s"), _best(rs, "cpu_s")),
         ),
         (pr, pc),
         k,
