@@ -43,15 +43,22 @@ def main() -> None:
     got: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for name, python in builds.items():
-            proc = subprocess.run([python, "-c", CHILD], capture_output=True, text=True, check=True,
-                                  cwd=tempfile.gettempdir())
+            proc = subprocess.run(
+                [python, "-c", CHILD],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=tempfile.gettempdir(),
+            )
             for case, value in json.loads(proc.stdout).items():
                 got.setdefault((case, name), []).append(tuple(value))
     print(f"best of {args.rounds} rounds (ns per index) | CPU | wall | all CPU, sorted")
     for (case, name), v in sorted(got.items()):
         cpu = sorted(x[0] for x in v)
-        print(f"{case} {name} | {cpu[0]:.2f} | {min(x[1] for x in v):.2f} | "
-              + " ".join(f"{c:.2f}" for c in cpu))
+        print(
+            f"{case} {name} | {cpu[0]:.2f} | {min(x[1] for x in v):.2f} | "
+            + " ".join(f"{c:.2f}" for c in cpu)
+        )
 
 
 if __name__ == "__main__":
