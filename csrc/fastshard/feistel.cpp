@@ -7,6 +7,10 @@
 #include "fastshard/clones.hpp"
 #include "fastshard/mix.hpp"
 
+#ifdef FASTSHARD_MULTIVERSION
+#include <cpuid.h>
+#endif
+
 namespace fastshard {
 
 namespace {
@@ -150,24 +154,104 @@ void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, Block&& b
     while (pooled != 0) walk();
 }
 
-}  // namespace
-
-// Compiled for several instruction sets where the toolchain can pick one at load time
-// (GCC/Clang ifuncs on x86-64 ELF): the portable wheel keeps the speed of AVX2/AVX-512.
-FASTSHARD_CLONES void Feistel::encrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
-    if (rounds_ == kRounds) {  // the public order
-        encrypt_lanes(x, count, kRounds, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+// The network on one block, specialised for the public round count. Always inlined into one copy
+// per instruction set below.
+FASTSHARD_INLINE void encrypt_any(std::uint64_t* x, std::size_t count, int rounds, unsigned hi_bits,
+                                  unsigned lo_bits, const std::uint32_t* xor_keys,
+                                  const std::uint32_t* add_keys) {
+    if (rounds == Feistel::kRounds) {  // the public order
+        encrypt_lanes(x, count, Feistel::kRounds, hi_bits, lo_bits, xor_keys, add_keys);
     } else {  // networks studied with other round counts
-        encrypt_lanes(x, count, rounds_, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+        encrypt_lanes(x, count, rounds, hi_bits, lo_bits, xor_keys, add_keys);
     }
 }
 
-FASTSHARD_CLONES void Feistel::decrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
-    if (rounds_ == kRounds) {
-        decrypt_lanes(x, count, kRounds, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+FASTSHARD_INLINE void decrypt_any(std::uint64_t* x, std::size_t count, int rounds, unsigned hi_bits,
+                                  unsigned lo_bits, const std::uint32_t* xor_keys,
+                                  const std::uint32_t* add_keys) {
+    if (rounds == Feistel::kRounds) {
+        decrypt_lanes(x, count, Feistel::kRounds, hi_bits, lo_bits, xor_keys, add_keys);
     } else {
-        decrypt_lanes(x, count, rounds_, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+        decrypt_lanes(x, count, rounds, hi_bits, lo_bits, xor_keys, add_keys);
     }
+}
+
+#define FASTSHARD_KERNEL_ARGS                                                                   \
+    std::uint64_t *x, std::size_t count, int rounds, unsigned hi_bits, unsigned lo_bits,       \
+        const std::uint32_t *xor_keys, const std::uint32_t *add_keys
+#define FASTSHARD_KERNEL_PASS x, count, rounds, hi_bits, lo_bits, xor_keys, add_keys
+
+void encrypt_baseline(FASTSHARD_KERNEL_ARGS) noexcept { encrypt_any(FASTSHARD_KERNEL_PASS); }
+void decrypt_baseline(FASTSHARD_KERNEL_ARGS) noexcept { decrypt_any(FASTSHARD_KERNEL_PASS); }
+
+#ifdef FASTSHARD_MULTIVERSION
+FASTSHARD_TARGET_AVX512F void encrypt_avx512f(FASTSHARD_KERNEL_ARGS) noexcept {
+    encrypt_any(FASTSHARD_KERNEL_PASS);
+}
+FASTSHARD_TARGET_AVX512F void decrypt_avx512f(FASTSHARD_KERNEL_ARGS) noexcept {
+    decrypt_any(FASTSHARD_KERNEL_PASS);
+}
+FASTSHARD_TARGET_AVX2 void encrypt_avx2(FASTSHARD_KERNEL_ARGS) noexcept { encrypt_any(FASTSHARD_KERNEL_PASS); }
+FASTSHARD_TARGET_AVX2 void decrypt_avx2(FASTSHARD_KERNEL_ARGS) noexcept { decrypt_any(FASTSHARD_KERNEL_PASS); }
+
+SimdLevel detect_simd_level() noexcept {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return SimdLevel::kBaseline;
+    const bool osxsave = (ecx & (1U << 27)) != 0, avx = (ecx & (1U << 28)) != 0;
+    if (!osxsave || !avx) return SimdLevel::kBaseline;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));  // no -mxsave needed
+    if ((xcr0_lo & 0x6U) != 0x6U) return SimdLevel::kBaseline;  // the OS saves xmm and ymm
+    if (__get_cpuid_max(0, nullptr) < 7) return SimdLevel::kBaseline;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    // AVX-512F (leaf 7 ebx bit 16) with opmask, zmm0-15 upper and zmm16-31 state saved.
+    if ((ebx & (1U << 16)) != 0 && (xcr0_lo & 0xe0U) == 0xe0U) return SimdLevel::kAvx512f;
+    if ((ebx & (1U << 5)) != 0) return SimdLevel::kAvx2;
+    return SimdLevel::kBaseline;
+}
+#endif
+
+using Kernel = void (*)(FASTSHARD_KERNEL_ARGS) noexcept;
+
+Kernel encrypt_kernel() noexcept {
+#ifdef FASTSHARD_MULTIVERSION
+    static const Kernel kernel = simd_level() == SimdLevel::kAvx512f ? encrypt_avx512f
+                                 : simd_level() == SimdLevel::kAvx2  ? encrypt_avx2
+                                                                     : encrypt_baseline;
+    return kernel;
+#else
+    return encrypt_baseline;
+#endif
+}
+
+Kernel decrypt_kernel() noexcept {
+#ifdef FASTSHARD_MULTIVERSION
+    static const Kernel kernel = simd_level() == SimdLevel::kAvx512f ? decrypt_avx512f
+                                 : simd_level() == SimdLevel::kAvx2  ? decrypt_avx2
+                                                                     : decrypt_baseline;
+    return kernel;
+#else
+    return decrypt_baseline;
+#endif
+}
+
+}  // namespace
+
+#ifdef FASTSHARD_MULTIVERSION
+SimdLevel simd_level() noexcept {
+    static const SimdLevel level = detect_simd_level();
+    return level;
+}
+#endif
+
+// One copy per instruction set where the toolchain can compile them (GCC/Clang on x86-64), picked
+// once by cpuid: the portable wheel keeps the speed of AVX2/AVX-512.
+void Feistel::encrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
+    encrypt_kernel()(x, count, rounds_, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
+}
+
+void Feistel::decrypt_block(std::uint64_t* x, std::size_t count) const noexcept {
+    decrypt_kernel()(x, count, rounds_, hi_bits_, lo_bits_, xor_keys_.data(), add_keys_.data());
 }
 
 void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
