@@ -126,6 +126,39 @@ struct NoSee {
     void operator()(unsigned, const T*, std::uint64_t, std::uint64_t) const noexcept {}
 };
 
+// The sequential read under window_sums and window_weight_sums: the items in up to parts_max
+// parts, each on a thread of its own; a part calls start(part) first, then for each run of up
+// to 1024 items see(part, data, first, count) and place(part, data, first, rows, count), where
+// rows[k] is 1 + the window of item first + k's position in the order (row 0 stays for the
+// prefix sums' zero). Returns the number of parts.
+template <class Start, class See, class Place>
+unsigned read_into_windows(const Lengths& lengths, const Feistel& perm, std::uint64_t window, unsigned parts_max,
+                           Start&& start, See&& see, Place&& place) {
+    const bool pow2 = (window & (window - 1)) == 0;
+    unsigned shift = 0;
+    while (pow2 && (std::uint64_t{1} << shift) < window) ++shift;
+    constexpr std::uint64_t kBlock = 1024;
+    return with_data(lengths, [&](const auto* data) {
+        return parallel_for(lengths.n, parts_max, std::uint64_t{1} << 16,
+                            [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
+                                start(part);
+                                std::uint64_t rows[kBlock];
+                                for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
+                                    const auto len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
+                                    see(part, data, b0, static_cast<std::uint64_t>(len));
+                                    for (std::size_t k = 0; k < len; ++k) rows[k] = b0 + k;
+                                    perm.invert(rows, len);  // items -> their positions in the order
+                                    for (std::size_t k = 0; k < len; ++k)  // -> the rows they add into
+                                        rows[k] = (pow2 ? rows[k] >> shift : rows[k] / window) + 1;
+                                    place(part, data, b0, static_cast<const std::uint64_t*>(rows), len);
+                                }
+                            });
+    });
+}
+
+// Prefetches of the scattered adds: each add prefetches the row this many adds ahead.
+constexpr std::size_t kWindowPrefetch = 32;
+
 template <class Add, class See = NoSee>
 std::vector<std::uint64_t> window_sums(const Lengths& lengths, const Feistel& perm, std::uint64_t window,
                                        std::uint32_t width, unsigned threads, Add&& add, See&& see = See{},
@@ -151,35 +184,21 @@ std::vector<std::uint64_t> window_sums(const Lengths& lengths, const Feistel& pe
     }
     const auto parts_max = static_cast<unsigned>(std::min<std::uint64_t>(threads, fit));
     std::vector<HugeArray<std::uint64_t>> tables(parts_max);
-    const bool pow2 = (window & (window - 1)) == 0;
-    unsigned shift = 0;
-    while (pow2 && (std::uint64_t{1} << shift) < window) ++shift;
-    constexpr std::uint64_t kBlock = 1024;
-    constexpr std::size_t kPrefetch = 32;
-    const unsigned parts = with_data(lengths, [&](const auto* data) {
-        return parallel_for(n, parts_max, std::uint64_t{1} << 16, [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
-            std::uint64_t* table = out.data();
-            if (part != 0) {
-                tables[part] = make_huge_zeros<std::uint64_t>(static_cast<std::size_t>(words));
-                table = tables[part].get();
-            }
-            std::uint64_t pos[kBlock];
-            for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
-                const std::size_t len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
-                see(part, data, b0, static_cast<std::uint64_t>(len));
-                for (std::size_t k = 0; k < len; ++k) pos[k] = b0 + k;
-                perm.invert(pos, len);  // items -> their positions in the epoch's order
-                for (std::size_t k = 0; k < len; ++k)  // -> the rows they add into
-                    pos[k] = ((pow2 ? pos[k] >> shift : pos[k] / window) + 1) * width;
-                for (std::size_t k = 0; k < len; ++k) {
+    const unsigned parts = read_into_windows(
+        lengths, perm, window, parts_max,
+        [&](unsigned part) {
+            if (part != 0) tables[part] = make_huge_zeros<std::uint64_t>(static_cast<std::size_t>(words));
+        },
+        see,
+        [&](unsigned part, const auto* data, std::uint64_t first, const std::uint64_t* rows, std::size_t len) {
+            std::uint64_t* table = part == 0 ? out.data() : tables[part].get();
+            for (std::size_t k = 0; k < len; ++k) {
 #if defined(__GNUC__) || defined(__clang__)
-                    if (k + kPrefetch < len) __builtin_prefetch(table + pos[k + kPrefetch], 1);
+                if (k + kWindowPrefetch < len) __builtin_prefetch(table + rows[k + kWindowPrefetch] * width, 1);
 #endif
-                    add(table + pos[k], static_cast<std::uint64_t>(data[b0 + k]));  // checked >= 0
-                }
+                add(table + rows[k] * width, static_cast<std::uint64_t>(data[first + k]));  // checked >= 0
             }
         });
-    });
     for (unsigned part = 1; part < parts; ++part)
         for (std::size_t k = 0; k < out.size(); ++k) out[k] += tables[part][k];
     return out;
@@ -218,55 +237,42 @@ std::vector<std::uint64_t> window_weight_sums(const Lengths& lengths, const Feis
     constexpr std::size_t kSpillMax = std::size_t{1} << 16;
     const auto parts_max = static_cast<unsigned>(std::min<std::uint64_t>(threads, fit));
     std::vector<Part> tables(parts_max);
-    const bool pow2 = (window & (window - 1)) == 0;
-    unsigned shift = 0;
-    while (pow2 && (std::uint64_t{1} << shift) < window) ++shift;
-    constexpr std::uint64_t kBlock = 1024;
-    constexpr std::size_t kPrefetch = 32;
-    const unsigned parts = with_data(lengths, [&](const auto* data) {
-        return parallel_for(n, parts_max, std::uint64_t{1} << 16, [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
+    const unsigned parts = read_into_windows(
+        lengths, perm, window, parts_max,
+        [&](unsigned part) { tables[part].low = make_huge_zeros<std::uint32_t>(static_cast<std::size_t>(rows)); },
+        see,
+        [&](unsigned part, const auto* data, std::uint64_t first, const std::uint64_t* row, std::size_t len) {
             Part& p = tables[part];
-            p.low = make_huge_zeros<std::uint32_t>(static_cast<std::size_t>(rows));
-            std::uint64_t pos[kBlock];
-            for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
-                const std::size_t len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
-                see(part, data, b0, static_cast<std::uint64_t>(len));
-                for (std::size_t k = 0; k < len; ++k) pos[k] = b0 + k;
-                perm.invert(pos, len);  // items -> their positions in the epoch's order
-                for (std::size_t k = 0; k < len; ++k)  // -> the rows they add into
-                    pos[k] = (pow2 ? pos[k] >> shift : pos[k] / window) + 1;
-                if (p.wide) {
-                    std::uint64_t* table = p.wide.get();
-                    for (std::size_t k = 0; k < len; ++k) {
-#if defined(__GNUC__) || defined(__clang__)
-                        if (k + kPrefetch < len) __builtin_prefetch(table + pos[k + kPrefetch], 1);
-#endif
-                        table[pos[k]] += weight(static_cast<std::uint64_t>(data[b0 + k]));  // checked >= 0
-                    }
-                    continue;
-                }
-                std::uint32_t* table = p.low.get();
+            if (p.wide) {
+                std::uint64_t* table = p.wide.get();
                 for (std::size_t k = 0; k < len; ++k) {
 #if defined(__GNUC__) || defined(__clang__)
-                    if (k + kPrefetch < len) __builtin_prefetch(table + pos[k + kPrefetch], 1);
+                    if (k + kWindowPrefetch < len) __builtin_prefetch(table + row[k + kWindowPrefetch], 1);
 #endif
-                    const std::uint64_t w = weight(static_cast<std::uint64_t>(data[b0 + k]));
-                    const std::uint32_t old = table[pos[k]];
-                    const auto sum = static_cast<std::uint32_t>(old + static_cast<std::uint32_t>(w));
-                    table[pos[k]] = sum;
-                    const std::uint64_t carry = (w >> 32) + (sum < old ? 1 : 0);
-                    if (carry != 0) p.spill.emplace_back(pos[k], carry);
+                    table[row[k]] += weight(static_cast<std::uint64_t>(data[first + k]));  // checked >= 0
                 }
-                if (p.spill.size() > kSpillMax) {  // to 64-bit words, spill included
-                    p.wide = make_huge_array<std::uint64_t>(static_cast<std::size_t>(rows));
-                    for (std::uint64_t r = 0; r < rows; ++r) p.wide[r] = p.low[r];
-                    for (const auto& [row, carry] : p.spill) p.wide[row] += carry << 32;
-                    p.low.reset();
-                    std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(p.spill);
-                }
+                return;
+            }
+            std::uint32_t* table = p.low.get();
+            for (std::size_t k = 0; k < len; ++k) {
+#if defined(__GNUC__) || defined(__clang__)
+                if (k + kWindowPrefetch < len) __builtin_prefetch(table + row[k + kWindowPrefetch], 1);
+#endif
+                const std::uint64_t w = weight(static_cast<std::uint64_t>(data[first + k]));
+                const std::uint32_t old = table[row[k]];
+                const auto sum = static_cast<std::uint32_t>(old + static_cast<std::uint32_t>(w));
+                table[row[k]] = sum;
+                const std::uint64_t carry = (w >> 32) + (sum < old ? 1 : 0);
+                if (carry != 0) p.spill.emplace_back(row[k], carry);
+            }
+            if (p.spill.size() > kSpillMax) {  // to 64-bit words, spill included
+                p.wide = make_huge_array<std::uint64_t>(static_cast<std::size_t>(rows));
+                for (std::uint64_t r = 0; r < rows; ++r) p.wide[r] = p.low[r];
+                for (const auto& [r, c] : p.spill) p.wide[r] += c << 32;
+                p.low.reset();
+                std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(p.spill);
             }
         });
-    });
     // The other parts fold into part 0's 32-bit words first (carries to its list), each freed
     // once in: the 64-bit result then meets one 32-bit table, not all of them (at 10^9 items
     // and two threads 47 MB at the peak instead of 62 MB).
