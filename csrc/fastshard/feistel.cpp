@@ -9,6 +9,10 @@
 
 #ifdef FASTSHARD_MULTIVERSION
 #include <cpuid.h>
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
 #endif
 
 namespace fastshard {
@@ -119,9 +123,10 @@ FASTSHARD_INLINE void decrypt_lanes(std::uint64_t* x, std::size_t count, int rou
 // Cycle walking: values that leave [0, n) go through `block` again until they return. The
 // cycle of each value under the network contains it (in range), so this ends, after < 2
 // passes on average. Lanes still walking wait in one pool across blocks, which is passed
-// whenever it is full: the walks too run on full, vectorised blocks.
-template <class Block>
-void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, Block&& block) {
+// whenever it is full: the walks too run on full, vectorised blocks. `gather` (a Gather below)
+// moves a block's lanes that left [0, n) into the pool.
+template <class G, class Block>
+void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, G gather, Block&& block) {
     std::uint64_t pool[kBlock];
     std::size_t home[kBlock];  // where in x each pooled value belongs
     std::size_t pooled = 0;
@@ -141,11 +146,9 @@ void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, Block&& b
         const std::size_t m = std::min(kBlock, count - start);
         std::uint64_t* values = x + start;
         block(values, m);
-        for (std::size_t i = 0; i < m; ++i) {
-            pool[pooled] = values[i];
-            home[pooled] = start + i;
-            pooled += values[i] >= n ? 1 : 0;
-            if (pooled == kBlock) {
+        for (std::size_t i = 0; i < m;) {
+            i += gather(values + i, m - i, n, start + i, pool, home, pooled);
+            if (i < m) {  // the pool is full
                 do walk();
                 while (pooled == kBlock);
             }
@@ -153,6 +156,53 @@ void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, Block&& b
     }
     while (pooled != 0) walk();
 }
+
+// A Gather: appends each lane i of values[0, m) that is >= n, with its home first + i, to the
+// pool (`pooled` lanes in it, at most kBlock), in lane order, until the lanes run out or the pool
+// is full; returns the lanes taken.
+using Gather = std::size_t (*)(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
+                               std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept;
+
+std::size_t gather_scalar(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
+                          std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept {
+    std::size_t p = pooled, i = 0;
+    for (; i < m && p < kBlock; ++i) {  // branch-free: the test is a coin flip near n = 2^k / 2
+        pool[p] = values[i];
+        home[p] = first + i;
+        p += values[i] >= n ? 1 : 0;
+    }
+    pooled = p;
+    return i;
+}
+
+#ifdef FASTSHARD_MULTIVERSION
+// Eight lanes at a time: a compare into a mask, then each lane set moved down by a compress.
+// In the scalar form the pooling cost about a third of a feistel fill at n = 10^8 (bench/RESULTS.md).
+FASTSHARD_TARGET_AVX512F std::size_t gather_avx512f(const std::uint64_t* values, std::size_t m, std::uint64_t n,
+                                                    std::size_t first, std::uint64_t* pool, std::size_t* home,
+                                                    std::size_t& pooled) noexcept {
+    static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "homes are compressed as 64-bit lanes");
+    const __m512i limit = _mm512_set1_epi64(static_cast<long long>(n));
+    const __m512i eight = _mm512_set1_epi64(8);
+    __m512i index = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first)),
+                                     _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    std::size_t p = pooled, i = 0;
+    for (; i + 8 <= m && p + 8 <= kBlock; i += 8) {
+        const __m512i v = _mm512_loadu_si512(values + i);
+        const __mmask8 out = _mm512_cmpge_epu64_mask(v, limit);
+        _mm512_storeu_si512(pool + p, _mm512_maskz_compress_epi64(out, v));
+        _mm512_storeu_si512(home + p, _mm512_maskz_compress_epi64(out, index));
+        p += static_cast<std::size_t>(__builtin_popcount(static_cast<unsigned>(out)));
+        index = _mm512_add_epi64(index, eight);
+    }
+    std::size_t rest = p;
+    const std::size_t taken = i + gather_scalar(values + i, m - i, n, first + i, pool, home, rest);
+    pooled = rest;
+    return taken;
+}
+#endif
+
+Gather gather_kernel() noexcept;
 
 // The network on one block, specialised for the public round count. Always inlined into one copy
 // per instruction set below.
@@ -209,37 +259,54 @@ SimdLevel detect_simd_level() noexcept {
     if ((ebx & (1U << 5)) != 0) return SimdLevel::kAvx2;
     return SimdLevel::kBaseline;
 }
+
+// The detected level, capped by the environment variable FASTSHARD_SIMD ("baseline" or "avx2";
+// anything else leaves it): the tests run every copy on one machine this way, and a user can rule
+// a copy out when chasing a difference between machines.
+SimdLevel capped_simd_level() noexcept {
+    const SimdLevel level = detect_simd_level();
+    const char* cap = std::getenv("FASTSHARD_SIMD");
+    if (cap == nullptr) return level;
+    if (std::strcmp(cap, "baseline") == 0) return SimdLevel::kBaseline;
+    if (std::strcmp(cap, "avx2") == 0 && level == SimdLevel::kAvx512f) return SimdLevel::kAvx2;
+    return level;
+}
 #endif
 
 using Kernel = void (*)(FASTSHARD_KERNEL_ARGS) noexcept;
 
-Kernel encrypt_kernel() noexcept {
+// The copy of a function for this CPU, by simd_level(); each caller keeps its pick in a static.
 #ifdef FASTSHARD_MULTIVERSION
-    static const Kernel kernel = simd_level() == SimdLevel::kAvx512f ? encrypt_avx512f
-                                 : simd_level() == SimdLevel::kAvx2  ? encrypt_avx2
-                                                                     : encrypt_baseline;
-    return kernel;
+template <class F>
+F pick(F avx512f, F avx2, F baseline) noexcept {
+    const SimdLevel level = simd_level();
+    return level == SimdLevel::kAvx512f ? avx512f : level == SimdLevel::kAvx2 ? avx2 : baseline;
+}
+#define FASTSHARD_PICK(avx512f, avx2, baseline) pick(avx512f, avx2, baseline)
 #else
-    return encrypt_baseline;
+#define FASTSHARD_PICK(avx512f, avx2, baseline) baseline
 #endif
+
+Kernel encrypt_kernel() noexcept {
+    static const Kernel kernel = FASTSHARD_PICK(encrypt_avx512f, encrypt_avx2, encrypt_baseline);
+    return kernel;
 }
 
 Kernel decrypt_kernel() noexcept {
-#ifdef FASTSHARD_MULTIVERSION
-    static const Kernel kernel = simd_level() == SimdLevel::kAvx512f ? decrypt_avx512f
-                                 : simd_level() == SimdLevel::kAvx2  ? decrypt_avx2
-                                                                     : decrypt_baseline;
+    static const Kernel kernel = FASTSHARD_PICK(decrypt_avx512f, decrypt_avx2, decrypt_baseline);
     return kernel;
-#else
-    return decrypt_baseline;
-#endif
+}
+
+Gather gather_kernel() noexcept {  // (no AVX2 copy: AVX2 has no compress)
+    static const Gather gather = FASTSHARD_PICK(gather_avx512f, gather_scalar, gather_scalar);
+    return gather;
 }
 
 }  // namespace
 
 #ifdef FASTSHARD_MULTIVERSION
 SimdLevel simd_level() noexcept {
-    static const SimdLevel level = detect_simd_level();
+    static const SimdLevel level = capped_simd_level();
     return level;
 }
 #endif
@@ -259,7 +326,7 @@ void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
         for (std::size_t i = 0; i < count; ++i) x[i] = table_[static_cast<std::size_t>(x[i])];
         return;
     }
-    walk_cycles(x, count, n_, [this](std::uint64_t* v, std::size_t m) { encrypt_block(v, m); });
+    walk_cycles(x, count, n_, gather_kernel(), [this](std::uint64_t* v, std::size_t m) { encrypt_block(v, m); });
 }
 
 void Feistel::invert(std::uint64_t* x, std::size_t count) const noexcept {
@@ -267,7 +334,7 @@ void Feistel::invert(std::uint64_t* x, std::size_t count) const noexcept {
         for (std::size_t i = 0; i < count; ++i) x[i] = inverse_[static_cast<std::size_t>(x[i])];
         return;
     }
-    walk_cycles(x, count, n_, [this](std::uint64_t* v, std::size_t m) { decrypt_block(v, m); });
+    walk_cycles(x, count, n_, gather_kernel(), [this](std::uint64_t* v, std::size_t m) { decrypt_block(v, m); });
 }
 
 }  // namespace fastshard
