@@ -204,8 +204,7 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     )
 
     fs = ok(_find(cases, "fastshard", "iter", 10**7))
-    ls = ok(_find(cases, "list", "iter", 10**7))
-    fi, ti, li = ("fastshard", "iter"), ("torch", "iter"), ("list", "iter")
+    fi, ti = ("fastshard", "iter"), ("torch", "iter")
     pr, k = paired(fi, ti, 10**7, "total_s", True)
     pc, _ = paired(fi, ti, 10**7, "cpu_s", True)
     add(
@@ -221,39 +220,27 @@ def core_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         k,
         "needs size 1e7",
     )
-    pr, k = paired(fi, li, 10**7, "total_s", False)
-    pc, _ = paired(fi, li, 10**7, "cpu_s", False)
-    add(
-        f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs a ready Python list",
-        "<= 3x the list",
-        lambda r: r <= 3,
-        f"{_ns(fs):.1f} vs {_ns(ls):.1f} ns/index" if fs and ls else None,
-        (
-            ratio(_best(fs, "total_s"), _best(ls, "total_s")),
-            ratio(_best(fs, "cpu_s"), _best(ls, "cpu_s")),
-        ),
-        (pr, pc),
-        k,
-        "needs size 1e7",
-    )
 
-    rs = ok(_find(cases, "range", "iter", 10**7))
-    ri = ("range", "iter")
-    pr, k = paired(fi, ri, 10**7, "total_s", False)
-    pc, _ = paired(fi, ri, 10**7, "cpu_s", False)
-    add(
-        f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs a range of its length (new ints)",
-        "<= 1.2x the range",
-        lambda r: r <= 1.2,
-        f"{_ns(fs):.1f} vs {_ns(rs):.1f} ns/index" if fs and rs else None,
-        (
-            ratio(_best(fs, "total_s"), _best(rs, "total_s")),
-            ratio(_best(fs, "cpu_s"), _best(rs, "cpu_s")),
-        ),
-        (pr, pc),
-        k,
-        "needs size 1e7",
-    )
+    def iterate_over(floor: str, what: str, limit: float) -> None:  # fastshard / a floor
+        fl = ok(_find(cases, floor, "iter", 10**7))
+        pr, k = paired(fi, (floor, "iter"), 10**7, "total_s", False)
+        pc, _ = paired(fi, (floor, "iter"), 10**7, "cpu_s", False)
+        add(
+            f"iterate a rank epoch at n=1e7 (W={w}): fastshard vs {what}",
+            f"<= {limit:g}x the {floor}",
+            lambda r: r <= limit,
+            f"{_ns(fs):.1f} vs {_ns(fl):.1f} ns/index" if fs and fl else None,
+            (
+                ratio(_best(fs, "total_s"), _best(fl, "total_s")),
+                ratio(_best(fs, "cpu_s"), _best(fl, "cpu_s")),
+            ),
+            (pr, pc),
+            k,
+            "needs size 1e7",
+        )
+
+    iterate_over("list", "a ready Python list", 3)
+    iterate_over("range", "a range of its length (new ints)", 1.2)
 
     fa = ok(_find(cases, "fastshard", "array", 10**9))
     na = ok(_find(cases, "arange", "array", 10**9))
