@@ -22,7 +22,7 @@ import numpy as np
 import fastshard
 
 h = hashlib.sha256()
-for n in (1025, 2049, 3000, 65537, 1_000_003, 4_194_305):
+for n in (1025, 2049, 3000, 65536, 65537, 1_000_003, 4_194_305):
     for seed in (0, 7):
         s = fastshard.DistributedSampler(n, num_replicas=3, rank=1, seed=seed)
         s.set_epoch(seed)

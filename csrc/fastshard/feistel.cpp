@@ -326,12 +326,20 @@ void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
         for (std::size_t i = 0; i < count; ++i) x[i] = table_[static_cast<std::size_t>(x[i])];
         return;
     }
+    if (n_ == std::uint64_t{1} << (hi_bits_ + lo_bits_)) {  // the whole domain: no value leaves it
+        for (std::size_t start = 0; start < count; start += kBlock) encrypt_block(x + start, std::min(kBlock, count - start));
+        return;
+    }
     walk_cycles(x, count, n_, gather_kernel(), [this](std::uint64_t* v, std::size_t m) { encrypt_block(v, m); });
 }
 
 void Feistel::invert(std::uint64_t* x, std::size_t count) const noexcept {
     if (!inverse_.empty()) {
         for (std::size_t i = 0; i < count; ++i) x[i] = inverse_[static_cast<std::size_t>(x[i])];
+        return;
+    }
+    if (n_ == std::uint64_t{1} << (hi_bits_ + lo_bits_)) {
+        for (std::size_t start = 0; start < count; start += kBlock) decrypt_block(x + start, std::min(kBlock, count - start));
         return;
     }
     walk_cycles(x, count, n_, gather_kernel(), [this](std::uint64_t* v, std::size_t m) { decrypt_block(v, m); });
