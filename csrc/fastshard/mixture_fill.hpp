@@ -46,8 +46,10 @@ struct MixtureCursor {
     MixtureCursor(std::size_t k, std::size_t round)
         : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), delta(k), one_order(k), inner(k),
           inner_key(k, 0), round(round), slots(new std::uint64_t[round]),
-          pos(new std::uint64_t[k * round]), at(new std::uint32_t[k * round]), count(k, 0),
-          run_start(k, 0), run_key(k, 0) {}
+          pos(new std::uint64_t[k * round]), at(new std::uint32_t[k * round]), next(k), run_start(k),
+          run_key(k, 0) {
+        for (std::size_t c = 0; c < k; ++c) next[c] = run_start[c] = c * round;
+    }
 
     std::vector<std::uint64_t> lo, hi, prefix;  // ordinals at the window's ends, window prefix
     std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
@@ -62,14 +64,14 @@ struct MixtureCursor {
     // Per dataset: the latest permutation built, and its key.
     std::vector<std::optional<Feistel>> inner;
     std::vector<std::uint64_t> inner_key;
-    // The round: a segment's slots, then each dataset's draws in pos[c * round, + count[c])
+    // The round: a segment's slots, then each dataset's draws in pos[c * round, next[c])
     // (positions in its permutations) and at[...] (their places in the round). The draws
-    // [run_start[c], count[c]) still wait for the permutation of run_key[c]; those before
+    // [run_start[c], next[c]) still wait for the permutation of run_key[c]; those before
     // it are permuted already.
     std::size_t round;
     std::unique_ptr<std::uint64_t[]> slots, pos;  // not value-initialised: written before read
     std::unique_ptr<std::uint32_t[]> at;
-    std::vector<std::uint32_t> count, run_start;
+    std::vector<std::size_t> next, run_start;
     std::vector<std::uint64_t> run_key;
 };
 
@@ -111,14 +113,14 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
 
     // Dataset c's draws waiting for the permutation of run_key[c] go through it.
     auto flush = [&](std::size_t c) {
-        const std::uint32_t a = cur.run_start[c], b = cur.count[c];
+        const std::size_t a = cur.run_start[c], b = cur.next[c];
         if (a == b) return;
         const std::uint64_t key = cur.run_key[c];
         if (!cur.inner[c] || cur.inner_key[c] != key) {
             cur.inner[c].emplace(sizes[c], key);
             cur.inner_key[c] = key;
         }
-        cur.inner[c]->apply(cur.pos.get() + c * round + a, b - a);
+        cur.inner[c]->apply(cur.pos.get() + a, b - a);
         cur.run_start[c] = b;
     };
     // Dataset c's next draws walk the permutation of `key`.
@@ -155,13 +157,13 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
         const std::uint64_t* slots = cur.slots.get();
         std::uint64_t* pos = cur.pos.get();
         std::uint32_t* at = cur.at.get();
-        std::uint32_t* cnt = cur.count.data();
+        std::size_t* next = cur.next.data();
         const std::uint64_t* delta = cur.delta.data();
         if (cur.all_one_order) {  // the common case, without a branch per draw
             for (std::size_t i = 0; i < seg; ++i) {
                 const std::uint64_t slot = slots[i];
                 const std::size_t c = dataset_of(slot);
-                const std::size_t g = c * round + cnt[c]++;
+                const std::size_t g = next[c]++;
                 pos[g] = slot + delta[c];
                 at[g] = at0 + static_cast<std::uint32_t>(i);
             }
@@ -176,7 +178,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
                 s.locate(c, slot + cur.base[c], position, key);
                 use_key(c, key);
             }
-            const std::size_t g = c * round + cur.count[c]++;
+            const std::size_t g = next[c]++;
             pos[g] = position;
             at[g] = at0 + static_cast<std::uint32_t>(i);
         }
@@ -195,7 +197,8 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             const std::size_t seg = static_cast<std::size_t>(
                 std::min<std::uint64_t>({in_window, count - done - len, round - len}));
             std::uint64_t* xs = cur.slots.get();
-            for (std::size_t i = 0; i < seg; ++i) xs[i] = j - cur.begin + i * w;
+            const std::uint64_t first = j - cur.begin;  // a local: the stores cannot change it
+            for (std::size_t i = 0; i < seg; ++i) xs[i] = first + i * w;
             cur.interleave->apply(xs, seg);
             for (std::size_t c = 0; c < k; ++c) {
                 if (cur.hi[c] != cur.lo[c] && cur.one_order[c]) use_key(c, cur.key[c]);
@@ -219,15 +222,14 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
         // Each dataset's draws through its permutations, on long arrays, then to their places.
         std::int64_t* dst = out + done;
         for (std::size_t c = 0; c < k; ++c) {
-            const std::uint32_t m = cur.count[c];
-            if (m == 0) continue;
+            const std::size_t a = c * round, b = cur.next[c];
+            if (a == b) continue;
             flush(c);
             const std::uint64_t offset = offsets[c];
-            const std::uint64_t* pos = cur.pos.get() + c * round;
-            const std::uint32_t* at = cur.at.get() + c * round;
-            for (std::uint32_t g = 0; g < m; ++g) dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
-            cur.count[c] = 0;
-            cur.run_start[c] = 0;
+            const std::uint64_t* pos = cur.pos.get();
+            const std::uint32_t* at = cur.at.get();
+            for (std::size_t g = a; g < b; ++g) dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
+            cur.next[c] = cur.run_start[c] = a;
         }
         done += len;
     }
