@@ -32,7 +32,7 @@ namespace detail {
 
 // Draws staged per round of a fill, at most: several windows' worth when a rank takes few
 // draws of each, so that each dataset's permutation runs on long arrays.
-constexpr std::size_t kChunk = 1024;
+constexpr std::size_t kChunk = 4096;
 // Each dataset has room for a whole round (k rounds of words in all); with many datasets the
 // rounds shrink to keep that near this many words, down to kMinRound draws.
 constexpr std::size_t kGroupWords = 16384;
@@ -194,8 +194,11 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             if (!(cur.begin <= j && j < cur.end && cur.window != std::numeric_limits<std::uint64_t>::max()))
                 load_window(s.window_of(j));
             const std::uint64_t in_window = (cur.end - j - 1) / w + 1;
-            const std::size_t seg = static_cast<std::size_t>(
-                std::min<std::uint64_t>({in_window, count - done - len, round - len}));
+            const std::uint64_t wanted = std::min(in_window, count - done - len);
+            // A window's draws go through its interleave in one call: the next round takes
+            // them whole unless they fill a round by themselves.
+            if (len != 0 && wanted > round - len) break;
+            const std::size_t seg = static_cast<std::size_t>(std::min<std::uint64_t>(wanted, round - len));
             std::uint64_t* xs = cur.slots.get();
             const std::uint64_t first = j - cur.begin;  // a local: the stores cannot change it
             for (std::size_t i = 0; i < seg; ++i) xs[i] = first + i * w;
