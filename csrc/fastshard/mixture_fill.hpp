@@ -160,13 +160,19 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
         std::size_t* next = cur.next.data();
         const std::uint64_t* delta = cur.delta.data();
         if (cur.all_one_order) {  // the common case, without a branch per draw
-            for (std::size_t i = 0; i < seg; ++i) {
+            auto put = [&](std::size_t i) {
                 const std::uint64_t slot = slots[i];
                 const std::size_t c = dataset_of(slot);
                 const std::size_t g = next[c]++;
                 pos[g] = slot + delta[c];
                 at[g] = at0 + static_cast<std::uint32_t>(i);
+            };
+            std::size_t i = 0;
+            for (; i + 2 <= seg; i += 2) {  // unrolled: the loop's count, compare and jump were 3 of 17
+                put(i);
+                put(i + 1);
             }
+            if (i < seg) put(i);
             return;
         }
         for (std::size_t i = 0; i < seg; ++i) {
@@ -231,7 +237,14 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             const std::uint64_t offset = offsets[c];
             const std::uint64_t* pos = cur.pos.get();
             const std::uint32_t* at = cur.at.get();
-            for (std::size_t g = a; g < b; ++g) dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
+            std::size_t g = a;
+            for (; g + 4 <= b; g += 4) {  // unrolled: the loop's own count, compare and jump were 3 of 8
+                dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
+                dst[at[g + 1]] = static_cast<std::int64_t>(offset + pos[g + 1]);
+                dst[at[g + 2]] = static_cast<std::int64_t>(offset + pos[g + 2]);
+                dst[at[g + 3]] = static_cast<std::int64_t>(offset + pos[g + 3]);
+            }
+            for (; g < b; ++g) dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
             cur.next[c] = cur.run_start[c] = a;
         }
         done += len;
