@@ -206,8 +206,9 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             if (len != 0 && wanted > round - len) break;
             const std::size_t seg = static_cast<std::size_t>(std::min<std::uint64_t>(wanted, round - len));
             std::uint64_t* xs = cur.slots.get();
-            const std::uint64_t first = j - cur.begin;  // a local: the stores cannot change it
-            for (std::size_t i = 0; i < seg; ++i) xs[i] = first + i * w;
+            // An induction from a local (the stores cannot change it), which compilers vectorise.
+            std::uint64_t offset = j - cur.begin;
+            for (std::size_t i = 0; i < seg; ++i, offset += w) xs[i] = offset;
             cur.interleave->apply(xs, seg);
             for (std::size_t c = 0; c < k; ++c) {
                 if (cur.hi[c] != cur.lo[c] && cur.one_order[c]) use_key(c, cur.key[c]);
