@@ -1,6 +1,7 @@
 // The fill loop shared by the two maps of a mixture (fixed weights per epoch, and the streams
 // of a schedule): a rank's draws staged by window, each window's slots through its keyed
-// interleave, then each dataset's draws through its permutations on long arrays.
+// interleave and each draw appended to its dataset's group, then each dataset's draws through
+// its permutations on long arrays and scattered to their places.
 //
 // A source `Src` says what differs between the maps:
 //   std::size_t k(); const std::vector<uint64>& sizes(), offsets(); uint64 draws();
@@ -31,7 +32,9 @@ namespace fastshard {
 namespace detail {
 
 // Draws staged per round of a fill, at most: several windows' worth when a rank takes few
-// draws of each, so that each dataset's permutation runs on long arrays.
+// draws of each, so that each dataset's permutation runs on long arrays. At 6:3:1 the
+// datasets' networks took 46 instructions a draw in rounds of 1024, 41 in rounds of 4096;
+// longer rounds save little more and their groups outgrow L2 (bench/RESULTS.md, issue 30).
 constexpr std::size_t kChunk = 4096;
 // Each dataset has room for a whole round (k rounds of words in all); with many datasets the
 // rounds shrink to keep that near this many words, down to kMinRound draws.
@@ -46,8 +49,8 @@ struct MixtureCursor {
     MixtureCursor(std::size_t k, std::size_t round)
         : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), delta(k), one_order(k), inner(k),
           inner_key(k, 0), round(round), slots(new std::uint64_t[round]),
-          pos(new std::uint64_t[k * round]), at(new std::uint32_t[k * round]), next(k), run_start(k),
-          run_key(k, 0) {
+          pos(new std::uint64_t[k * round]), at(new std::uint32_t[k * round]), next(k),
+          run_start(k), run_key(k, 0) {
         for (std::size_t c = 0; c < k; ++c) next[c] = run_start[c] = c * round;
     }
 
@@ -139,6 +142,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
     auto group = [&](std::size_t seg, std::uint32_t at0, auto dataset_count) {
         constexpr std::size_t K = decltype(dataset_count)::value;
         std::uint64_t bound[kLinearK + 1];
+        static_cast<void>(bound);  // unused when searching
         if constexpr (K <= kLinearK) {
             for (std::size_t b = 1; b < k; ++b) bound[b] = cur.prefix[b];
         }
@@ -149,8 +153,9 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             } else if constexpr (K == 0) {
                 for (std::size_t b = 1; b < k; ++b) c += slot >= bound[b] ? 1U : 0U;
             } else if constexpr (K > kLinearK) {
-                c = static_cast<std::size_t>(std::upper_bound(cur.prefix.begin() + 1, cur.prefix.end(), slot) -
-                                             (cur.prefix.begin() + 1));
+                const auto first = cur.prefix.begin() + 1;
+                const auto found = std::upper_bound(first, cur.prefix.end(), slot);
+                c = static_cast<std::size_t>(found - first);
             }
             return c;  // K = 1: always 0
         };
@@ -168,7 +173,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
                 at[g] = at0 + static_cast<std::uint32_t>(i);
             };
             std::size_t i = 0;
-            for (; i + 2 <= seg; i += 2) {  // unrolled: the loop's count, compare and jump were 3 of 17
+            for (; i + 2 <= seg; i += 2) {  // unrolled: count, compare and jump were 3 of 17
                 put(i);
                 put(i + 1);
             }
@@ -204,7 +209,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             // A window's draws go through its interleave in one call: the next round takes
             // them whole unless they fill a round by themselves.
             if (len != 0 && wanted > round - len) break;
-            const std::size_t seg = static_cast<std::size_t>(std::min<std::uint64_t>(wanted, round - len));
+            const auto seg = static_cast<std::size_t>(std::min<std::uint64_t>(wanted, round - len));
             std::uint64_t* xs = cur.slots.get();
             // An induction from a local (the stores cannot change it), which compilers vectorise.
             std::uint64_t offset = j - cur.begin;
@@ -239,7 +244,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             const std::uint64_t* pos = cur.pos.get();
             const std::uint32_t* at = cur.at.get();
             std::size_t g = a;
-            for (; g + 4 <= b; g += 4) {  // unrolled: the loop's own count, compare and jump were 3 of 8
+            for (; g + 4 <= b; g += 4) {  // unrolled: count, compare and jump were 3 of 8
                 dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
                 dst[at[g + 1]] = static_cast<std::int64_t>(offset + pos[g + 1]);
                 dst[at[g + 2]] = static_cast<std::int64_t>(offset + pos[g + 2]);
