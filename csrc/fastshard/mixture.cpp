@@ -211,8 +211,9 @@ struct LegacySource {
         std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
         std::uint64_t bound_rem = 0;
         std::uint64_t step = 0, step_extra = 0;  // N = step M + step_extra
-        std::vector<std::uint64_t> quot, rem, order;
-        std::vector<std::uint64_t> step_quot, step_rem;  // the split of floor(N / M)
+        // k words each, in one allocation (a fill of one draw pays for every one): quot, rem,
+        // the selection's order, and the split of floor(N / M) in step_quot, step_rem.
+        std::vector<std::uint64_t> words;
     };
     std::size_t k() const noexcept { return s.k(); }
     const std::vector<std::uint64_t>& sizes() const noexcept { return s.sizes(); }
@@ -224,15 +225,17 @@ struct LegacySource {
                      std::vector<std::uint64_t>& lo, std::vector<std::uint64_t>& hi) const {
         const std::size_t k = s.k();
         const std::uint64_t n = s.draws(), windows = s.windows(), total = s.unit_total();
-        if (cache.quot.empty()) {
+        const bool first = cache.words.empty();
+        if (first) cache.words.resize(5 * k);
+        std::uint64_t* quot = cache.words.data();
+        std::uint64_t* rem = quot + k;
+        std::uint64_t* order = rem + k;
+        std::uint64_t* step_quot = order + k;
+        std::uint64_t* step_rem = step_quot + k;
+        if (first) {
             cache.step = n / windows;
             cache.step_extra = n % windows;
-            cache.quot.resize(k);
-            cache.rem.resize(k);
-            cache.order.resize(k);
-            cache.step_quot.resize(k);
-            cache.step_rem.resize(k);
-            s.split(cache.step, cache.step_quot.data(), cache.step_rem.data());
+            s.split(cache.step, step_quot, step_rem);
         }
         if (cache.window != std::numeric_limits<std::uint64_t>::max() && m == cache.window + 1) {
             std::swap(lo, hi);
@@ -241,9 +244,9 @@ struct LegacySource {
             const QuotRem b = muldiv(m, n, windows);
             begin = b.quot;
             cache.bound_rem = b.rem;
-            s.split(begin, cache.quot.data(), cache.rem.data());
-            std::copy(cache.quot.begin(), cache.quot.end(), lo.begin());
-            s.round_up(begin, lo.data(), cache.rem.data(), cache.order.data());
+            s.split(begin, quot, rem);
+            std::copy(quot, quot + k, lo.begin());
+            s.round_up(begin, lo.data(), rem, order);
         }
         // (m + 1) N = m N + step M + step_extra, both remainders below M.
         const std::uint64_t r = cache.bound_rem + cache.step_extra;
@@ -253,21 +256,20 @@ struct LegacySource {
         // The split of end from that of begin: + step u_c, then + u_c for a longer window;
         // each addend's remainder is below U (or is U: u_c = U), so one carry at most.
         auto add = [&](std::size_t c, std::uint64_t q, std::uint64_t rr) {
-            std::uint64_t& rem = cache.rem[c];
-            if (rr >= total - rem) {
-                rem -= total - rr;
-                cache.quot[c] += q + 1;
+            if (rr >= total - rem[c]) {
+                rem[c] -= total - rr;
+                quot[c] += q + 1;
             } else {
-                rem += rr;
-                cache.quot[c] += q;
+                rem[c] += rr;
+                quot[c] += q;
             }
         };
-        for (std::size_t c = 0; c < k; ++c) add(c, cache.step_quot[c], cache.step_rem[c]);
+        for (std::size_t c = 0; c < k; ++c) add(c, step_quot[c], step_rem[c]);
         if (carry) {
             for (std::size_t c = 0; c < k; ++c) add(c, 0, s.units()[c]);
         }
-        std::copy(cache.quot.begin(), cache.quot.end(), hi.begin());
-        s.round_up(end, hi.data(), cache.rem.data(), cache.order.data());
+        std::copy(quot, quot + k, hi.begin());
+        s.round_up(end, hi.data(), rem, order);
         cache.window = m;
     }
     void locate(std::size_t c, std::uint64_t o, std::uint64_t& pos, std::uint64_t& key) const noexcept {

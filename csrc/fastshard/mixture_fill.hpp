@@ -42,17 +42,39 @@ constexpr std::size_t kGroupWords = 16384;
 constexpr std::size_t kMinRound = 64;
 // Up to this many datasets, a slot's dataset is found by counting (see dataset_of).
 constexpr std::size_t kLinearK = 8;
+// A round's buffers up to this many words live in the cursor (on the stack): short fills
+// (random access, small slices) allocate nothing for them.
+constexpr std::size_t kLocalWords = 512;
+
+// The grouping's per-draw step, inlined at each of its three calls: GCC otherwise kept the
+// tail's call out of line (and with it the loop's codegen changed: +1 instruction a draw).
+#if defined(__GNUC__)
+#define FASTSHARD_FILL_INLINE __attribute__((always_inline))
+#else
+#define FASTSHARD_FILL_INLINE
+#endif
 
 // Per-call working state of a fill: the current window, the datasets' permutations, and the
 // round's draws grouped by dataset. Local to one fill call, so threads never share it.
 struct MixtureCursor {
     MixtureCursor(std::size_t k, std::size_t round)
         : lo(k), hi(k), prefix(k + 1), base(k), shift(k), key(k), delta(k), one_order(k), inner(k),
-          inner_key(k, 0), round(round), slots(new std::uint64_t[round]),
-          pos(new std::uint64_t[k * round]), at(new std::uint32_t[k * round]), next(k),
-          run_start(k), run_key(k, 0) {
+          inner_key(k, 0), round(round), next(k), run_start(k), run_key(k, 0) {
+        // slots (round words) and pos (k rounds) in one block, at (k rounds) in another.
+        std::uint64_t* words = local_words;
+        at = local_at;
+        if (round + k * round > kLocalWords) {
+            heap_words.reset(new std::uint64_t[round + k * round]);  // not value-initialised:
+            heap_at.reset(new std::uint32_t[k * round]);             // written before read
+            words = heap_words.get();
+            at = heap_at.get();
+        }
+        slots = words;
+        pos = words + round;
         for (std::size_t c = 0; c < k; ++c) next[c] = run_start[c] = c * round;
     }
+    MixtureCursor(const MixtureCursor&) = delete;
+    MixtureCursor& operator=(const MixtureCursor&) = delete;
 
     std::vector<std::uint64_t> lo, hi, prefix;  // ordinals at the window's ends, window prefix
     std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
@@ -72,10 +94,15 @@ struct MixtureCursor {
     // [run_start[c], next[c]) still wait for the permutation of run_key[c]; those before
     // it are permuted already.
     std::size_t round;
-    std::unique_ptr<std::uint64_t[]> slots, pos;  // not value-initialised: written before read
-    std::unique_ptr<std::uint32_t[]> at;
+    std::uint64_t* slots;
+    std::uint64_t* pos;
+    std::uint32_t* at;
     std::vector<std::size_t> next, run_start;
     std::vector<std::uint64_t> run_key;
+    std::uint64_t local_words[kLocalWords];
+    std::uint32_t local_at[kLocalWords];
+    std::unique_ptr<std::uint64_t[]> heap_words;
+    std::unique_ptr<std::uint32_t[]> heap_at;
 };
 
 template <class Src>
@@ -123,7 +150,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             cur.inner[c].emplace(sizes[c], key);
             cur.inner_key[c] = key;
         }
-        cur.inner[c]->apply(cur.pos.get() + a, b - a);
+        cur.inner[c]->apply(cur.pos + a, b - a);
         cur.run_start[c] = b;
     };
     // Dataset c's next draws walk the permutation of `key`.
@@ -159,13 +186,13 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             }
             return c;  // K = 1: always 0
         };
-        const std::uint64_t* slots = cur.slots.get();
-        std::uint64_t* pos = cur.pos.get();
-        std::uint32_t* at = cur.at.get();
+        const std::uint64_t* slots = cur.slots;
+        std::uint64_t* pos = cur.pos;
+        std::uint32_t* at = cur.at;
         std::size_t* next = cur.next.data();
         const std::uint64_t* delta = cur.delta.data();
         if (cur.all_one_order) {  // the common case, without a branch per draw
-            auto put = [&](std::size_t i) {
+            auto put = [&](std::size_t i) FASTSHARD_FILL_INLINE {
                 const std::uint64_t slot = slots[i];
                 const std::size_t c = dataset_of(slot);
                 const std::size_t g = next[c]++;
@@ -210,7 +237,7 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             // them whole unless they fill a round by themselves.
             if (len != 0 && wanted > round - len) break;
             const auto seg = static_cast<std::size_t>(std::min<std::uint64_t>(wanted, round - len));
-            std::uint64_t* xs = cur.slots.get();
+            std::uint64_t* xs = cur.slots;
             // An induction from a local (the stores cannot change it), which compilers vectorise.
             std::uint64_t offset = j - cur.begin;
             for (std::size_t i = 0; i < seg; ++i, offset += w) xs[i] = offset;
@@ -241,8 +268,8 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
             if (a == b) continue;
             flush(c);
             const std::uint64_t offset = offsets[c];
-            const std::uint64_t* pos = cur.pos.get();
-            const std::uint32_t* at = cur.at.get();
+            const std::uint64_t* pos = cur.pos;
+            const std::uint32_t* at = cur.at;
             std::size_t g = a;
             for (; g + 4 <= b; g += 4) {  // unrolled: count, compare and jump were 3 of 8
                 dst[at[g]] = static_cast<std::int64_t>(offset + pos[g]);
@@ -259,3 +286,5 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
 
 }  // namespace detail
 }  // namespace fastshard
+
+#undef FASTSHARD_FILL_INLINE
