@@ -108,15 +108,23 @@ void MixtureSpec::cumulative(std::uint64_t t, std::uint64_t* out,
                              std::vector<std::uint64_t>& scratch) const {
     const std::size_t k = sizes_.size();
     scratch.resize(2 * k);
-    std::uint64_t* rem = scratch.data();
-    std::uint64_t* order = scratch.data() + k;
-    std::uint64_t assigned = 0;
-    for (std::size_t c = 0; c < k; ++c) {
+    split(t, out, scratch.data());
+    round_up(t, out, scratch.data(), scratch.data() + k);
+}
+
+void MixtureSpec::split(std::uint64_t t, std::uint64_t* quot, std::uint64_t* rem) const noexcept {
+    for (std::size_t c = 0; c < sizes_.size(); ++c) {
         const QuotRem x = muldiv(t, units_[c], unit_total_);
-        out[c] = x.quot;
+        quot[c] = x.quot;
         rem[c] = x.rem;
-        assigned += x.quot;
     }
+}
+
+void MixtureSpec::round_up(std::uint64_t t, std::uint64_t* counts, const std::uint64_t* rem,
+                           std::uint64_t* order) const {
+    const std::size_t k = sizes_.size();
+    std::uint64_t assigned = 0;
+    for (std::size_t c = 0; c < k; ++c) assigned += counts[c];
     // 0 <= R < k: the remainders add up to R U and each is below U.
     const std::uint64_t extra = t - assigned;
     if (extra == 0) return;
@@ -125,7 +133,7 @@ void MixtureSpec::cumulative(std::uint64_t t, std::uint64_t* out,
         return rem[a] != rem[b] ? rem[a] > rem[b] : a < b;
     };
     std::nth_element(order, order + extra, order + k, larger);
-    for (std::uint64_t i = 0; i < extra; ++i) ++out[order[i]];
+    for (std::uint64_t i = 0; i < extra; ++i) ++counts[order[i]];
 }
 
 namespace {
@@ -195,9 +203,17 @@ namespace {
 struct LegacySource {
     const MixtureShard& shard;
     const MixtureSpec& s;
+    // The window before, for the next one: its end boundary b = floor(m N / M) with
+    // m N mod M, and the split of b (b u_c = quot U + rem). A window is floor(N / M) or
+    // one more draws long, so the next boundary and split follow by additions, without the
+    // 128-bit divisions of MixtureSpec::boundary and cumulative.
     struct Cache {
         std::uint64_t window = std::numeric_limits<std::uint64_t>::max();
-        std::vector<std::uint64_t> scratch;
+        std::uint64_t bound_rem = 0;
+        std::uint64_t step = 0, step_extra = 0;  // N = step M + step_extra
+        // k words each, in one allocation (a fill of one draw pays for every one): quot, rem,
+        // the selection's order, and the split of floor(N / M) in step_quot, step_rem.
+        std::vector<std::uint64_t> words;
     };
     std::size_t k() const noexcept { return s.k(); }
     const std::vector<std::uint64_t>& sizes() const noexcept { return s.sizes(); }
@@ -207,15 +223,53 @@ struct LegacySource {
     std::uint64_t window_of(std::uint64_t j) const noexcept { return s.window_of(j); }
     void load_window(std::uint64_t m, Cache& cache, std::uint64_t& begin, std::uint64_t& end,
                      std::vector<std::uint64_t>& lo, std::vector<std::uint64_t>& hi) const {
+        const std::size_t k = s.k();
+        const std::uint64_t n = s.draws(), windows = s.windows(), total = s.unit_total();
+        const bool first = cache.words.empty();
+        if (first) cache.words.resize(5 * k);
+        std::uint64_t* quot = cache.words.data();
+        std::uint64_t* rem = quot + k;
+        std::uint64_t* order = rem + k;
+        std::uint64_t* step_quot = order + k;
+        std::uint64_t* step_rem = step_quot + k;
+        if (first) {
+            cache.step = n / windows;
+            cache.step_extra = n % windows;
+            s.split(cache.step, step_quot, step_rem);
+        }
         if (cache.window != std::numeric_limits<std::uint64_t>::max() && m == cache.window + 1) {
             std::swap(lo, hi);
             begin = end;
         } else {
-            begin = s.boundary(m);
-            s.cumulative(begin, lo.data(), cache.scratch);
+            const QuotRem b = muldiv(m, n, windows);
+            begin = b.quot;
+            cache.bound_rem = b.rem;
+            s.split(begin, quot, rem);
+            std::copy(quot, quot + k, lo.begin());
+            s.round_up(begin, lo.data(), rem, order);
         }
-        end = s.boundary(m + 1);
-        s.cumulative(end, hi.data(), cache.scratch);
+        // (m + 1) N = m N + step M + step_extra, both remainders below M.
+        const std::uint64_t r = cache.bound_rem + cache.step_extra;
+        const bool carry = r >= windows;
+        end = begin + cache.step + (carry ? 1 : 0);
+        cache.bound_rem = carry ? r - windows : r;
+        // The split of end from that of begin: + step u_c, then + u_c for a longer window;
+        // each addend's remainder is below U (or is U: u_c = U), so one carry at most.
+        auto add = [&](std::size_t c, std::uint64_t q, std::uint64_t rr) {
+            if (rr >= total - rem[c]) {
+                rem[c] -= total - rr;
+                quot[c] += q + 1;
+            } else {
+                rem[c] += rr;
+                quot[c] += q;
+            }
+        };
+        for (std::size_t c = 0; c < k; ++c) add(c, step_quot[c], step_rem[c]);
+        if (carry) {
+            for (std::size_t c = 0; c < k; ++c) add(c, 0, s.units()[c]);
+        }
+        std::copy(quot, quot + k, hi.begin());
+        s.round_up(end, hi.data(), rem, order);
         cache.window = m;
     }
     void locate(std::size_t c, std::uint64_t o, std::uint64_t& pos, std::uint64_t& key) const noexcept {

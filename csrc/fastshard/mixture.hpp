@@ -75,6 +75,12 @@ class MixtureSpec {
     // C_c(t) for every c into out[0..k): largest-remainder apportionment of t draws. `scratch`
     // holds 2 k words (no allocation once it has grown).
     void cumulative(std::uint64_t t, std::uint64_t* out, std::vector<std::uint64_t>& scratch) const;
+    // The exact targets of t draws: t u_c = quot[c] U + rem[c], 0 <= rem[c] < U.
+    void split(std::uint64_t t, std::uint64_t* quot, std::uint64_t* rem) const noexcept;
+    // counts[c] from quot[c] of the split of t to C_c(t): one more for the t - sum(quot)
+    // datasets of largest remainders. `order` holds k words.
+    void round_up(std::uint64_t t, std::uint64_t* counts, const std::uint64_t* rem,
+                  std::uint64_t* order) const;
 
     // The smallest window length that keeps the counts monotone: ceil(U / min positive u_c).
     std::uint64_t min_window() const noexcept { return min_window_; }
