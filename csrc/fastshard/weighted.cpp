@@ -51,7 +51,8 @@ std::uint64_t to_threshold(double q) noexcept {
     const double t = q * 4294967296.0;
 #if FASTSHARD_SSE2
     // maxsd and minsd are these two selections exactly (NaN t gives the second operand, 0).
-    const double clamped = _mm_cvtsd_f64(_mm_min_sd(_mm_max_sd(_mm_set_sd(t), _mm_setzero_pd()), _mm_set_sd(4294967294.0)));
+    const __m128d low = _mm_max_sd(_mm_set_sd(t), _mm_setzero_pd());
+    const double clamped = _mm_cvtsd_f64(_mm_min_sd(low, _mm_set_sd(4294967294.0)));
 #else
     const double low = t > 0.0 ? t : 0.0;
     const double clamped = low < 4294967294.0 ? low : 4294967294.0;
