@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "fastshard/clones.hpp"
 #include "fastshard/mix.hpp"
 #include "fastshard/parallel.hpp"
 #include "fastshard/shard.hpp"
@@ -45,9 +46,18 @@ constexpr std::uint64_t kFull = AliasTable::kFull;  // threshold of a bucket tha
 std::uint64_t to_threshold(double q) noexcept {
     // q in [0, 1): P(keep) = threshold / 2^32, rounded down; never reaches a full bucket.
     // Truncation is the floor for t > 0 (and needs no SSE4.1 round instruction).
+    // Clamped without a branch (max and min instructions): t <= 0 (and NaN) gives 0, and every
+    // t >= 2^32 - 2 gives 2^32 - 2, what truncating or capping it gave.
     const double t = q * 4294967296.0;
-    if (!(t > 0.0)) return 0;
-    return t >= 4294967295.0 ? kFull - 1 : static_cast<std::uint64_t>(t);
+#if FASTSHARD_SSE2
+    // maxsd and minsd are these two selections exactly (NaN t gives the second operand, 0).
+    const __m128d low = _mm_max_sd(_mm_set_sd(t), _mm_setzero_pd());
+    const double clamped = _mm_cvtsd_f64(_mm_min_sd(low, _mm_set_sd(4294967294.0)));
+#else
+    const double low = t > 0.0 ? t : 0.0;
+    const double clamped = low < 4294967294.0 ? low : 4294967294.0;
+#endif
+    return static_cast<std::uint64_t>(static_cast<std::int64_t>(clamped));
 }
 
 // What a run of blocks contributes to a WeightsSummary besides the blocks' sums.
@@ -68,42 +78,79 @@ struct Partial {
     }
 };
 
+inline std::uint64_t to_bits(double v) noexcept {
+    std::uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits;
+}
+inline double from_bits(std::uint64_t bits) noexcept {
+    double v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
 inline bool valid_weight(double v) noexcept { return v >= 0.0 && v <= std::numeric_limits<double>::max(); }
 
-// The block of `len` items from item `first`: its sum, added left to right (the rounding the
-// sum is defined by), returned; the rest into p. The checksum's hashing is independent of the
-// chain of additions and overlaps it.
-double summarize_block(const double* w, std::uint64_t first, std::uint64_t len, Partial& p) noexcept {
-    double sum = 0.0;
-    std::uint64_t positive = 0, checksum = 0;
-    std::uint64_t position_hash = first * kGolden;  // k * kGolden for item k, by additions
-    double max = p.max, min_positive = p.min_positive;
+// Blocks summed side by side: each block's sum is still its items added left to right (the
+// rounding the sum is defined by), but kSideBySide blocks' chains of additions are independent
+// and overlap, where one block alone waits about 4 cycles on each addition.
+constexpr std::uint64_t kSideBySide = 8;
+
+}  // namespace
+
+// The fields of a WeightsSummary other than the sum over the items [first, first + len), in
+// a loop without the sum's chain of additions so that it vectorises: the checksum's two 64-bit
+// multiplies per item take vpmullq (AVX-512DQ) where the CPU has it (clones.hpp; 1.4 ns an item
+// scalar against about 0.3 for the lengths' checksum). Every field is exact, so the lanes give
+// what one item after the other gave. External: a clone's dispatch needs a symbol of its own.
+struct WeightTerms {
+    std::uint64_t checksum = 0, positive = 0;
+    double max = 0.0, min_positive = 0.0;
     bool bad = false;
+};
+FASTSHARD_CLONES_MUL64 void weight_terms(const double* w, std::uint64_t first, std::uint64_t len,
+                                         WeightTerms& t) noexcept {
+    // On the bits, so that every reduction is an integer one the compiler vectorises: positive
+    // doubles (+inf included) are the words 1 ... kInf, ordered as their values. The largest
+    // positive weight is the max of the words up to kInf (others count as 0), the smallest the
+    // min of word - 1 (zero wraps to the top; negative and NaN words are kInf or more).
+    constexpr std::uint64_t kInf = 0x7ff0000000000000ULL, kMaxFinite = 0x7fefffffffffffffULL;
+    constexpr std::uint64_t kMinusZero = 0x8000000000000000ULL;
+    std::uint64_t checksum = 0, positive = 0, bad = 0;
+    std::uint64_t max = to_bits(t.max), min_less_1 = to_bits(t.min_positive) - 1;
     for (std::uint64_t k = first; k < first + len; ++k) {
-        const double v = w[k];
-        bad |= !valid_weight(v);
-        sum += v;
-        positive += v > 0.0 ? 1 : 0;
-        max = v > max ? v : max;
-        min_positive = ((v > 0.0) & (v < min_positive)) ? v : min_positive;
-        std::uint64_t bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        checksum += mix64(bits + position_hash);
-        position_hash += kGolden;
+        const std::uint64_t bits = to_bits(w[k]);
+        bad |= (bits > kMaxFinite) & (bits != kMinusZero);  // negative, NaN or infinite
+        positive += bits - 1 < kInf;
+        max = std::max(max, bits & (std::uint64_t{0} - std::uint64_t{bits <= kInf}));
+        min_less_1 = std::min(min_less_1, bits - 1);
+        checksum += mix64(bits + k * kGolden);
     }
-    p.positive += positive;
-    p.checksum += checksum;
-    p.max = max;
-    p.min_positive = min_positive;
-    if (bad && p.first_invalid < 0) {  // rare: find the block's first invalid item
-        for (std::uint64_t k = first; k < first + len; ++k) {
-            if (!valid_weight(w[k])) {
-                p.first_invalid = static_cast<std::int64_t>(k);
-                break;
-            }
-        }
+    t.checksum += checksum;
+    t.positive += positive;
+    t.bad |= bad != 0;
+    t.max = from_bits(max);
+    t.min_positive = from_bits(min_less_1 + 1);
+}
+
+namespace {
+
+// Sums of the blocks [b0, b0 + count) of kSumBlock items (the last may be shorter: n ends it).
+void block_sums(const double* w, std::uint64_t n, std::uint64_t b0, std::uint64_t count, double* sums) noexcept {
+    std::uint64_t b = b0;
+    for (; b + kSideBySide <= b0 + count && (b + kSideBySide) * kSumBlock <= n; b += kSideBySide) {
+        const double* base = w + b * kSumBlock;
+        double s[kSideBySide] = {};
+        for (std::uint64_t k = 0; k < kSumBlock; ++k)
+            for (std::uint64_t g = 0; g < kSideBySide; ++g) s[g] += base[g * kSumBlock + k];
+        for (std::uint64_t g = 0; g < kSideBySide; ++g) sums[b + g] = s[g];
     }
-    return sum;
+    for (; b < b0 + count; ++b) {
+        double sum = 0.0;
+        const std::uint64_t end = std::min(n, (b + 1) * kSumBlock);
+        for (std::uint64_t k = b * kSumBlock; k < end; ++k) sum += w[k];
+        sums[b] = sum;
+    }
 }
 
 }  // namespace
@@ -116,9 +163,27 @@ WeightsSummary summarize_weights(const double* w, std::uint64_t n, unsigned thre
     parallel_for(blocks, static_cast<unsigned>(parts.size()), 64,
                  [&](unsigned part, std::uint64_t b0, std::uint64_t count) {
                      Partial p;
-                     for (std::uint64_t b = b0; b < b0 + count; ++b) {
-                         const std::uint64_t len = std::min(kSumBlock, n - b * kSumBlock);
-                         sums[static_cast<std::size_t>(b)] = summarize_block(w, b * kSumBlock, len, p);
+                     // A group of blocks at a time (256 KiB: the sums read it again from L2).
+                     for (std::uint64_t g = b0; g < b0 + count; g += kSideBySide) {
+                         const std::uint64_t m = std::min(kSideBySide, b0 + count - g);
+                         const std::uint64_t first = g * kSumBlock, len = std::min(n, (g + m) * kSumBlock) - first;
+                         WeightTerms t;
+                         t.max = p.max;
+                         t.min_positive = p.min_positive;
+                         weight_terms(w, first, len, t);
+                         block_sums(w, n, g, m, sums.data());
+                         p.positive += t.positive;
+                         p.checksum += t.checksum;
+                         p.max = t.max;
+                         p.min_positive = t.min_positive;
+                         if (t.bad && p.first_invalid < 0) {  // rare: find the group's first invalid item
+                             for (std::uint64_t k = first; k < first + len; ++k) {
+                                 if (!valid_weight(w[k])) {
+                                     p.first_invalid = static_cast<std::int64_t>(k);
+                                     break;
+                                 }
+                             }
+                         }
                      }
                      parts[part] = p;
                  });
@@ -223,9 +288,8 @@ int count_trailing_zeros(std::uint64_t v) noexcept {  // v != 0
 // 1e-12 of a bucket, far below the table's 2^-32 resolution.
 constexpr std::uint64_t kBlock = AliasTable::kSweepBlock;  // items per block sum
 
-// The items of one kind (flip 0: lights, ~0: heavies) from a position on, in index order, as
-// a word of bits still to visit: advancing clears the lowest bit, so the sweep can advance
-// either cursor without a branch on which.
+// The first item of one kind (flip 0: lights, ~0: heavies) from a position on, found in the
+// words of bits with count-trailing-zeros (LightBits::next_light and next_heavy).
 class Cursor {
   public:
     Cursor(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip, std::uint64_t from)
@@ -238,11 +302,6 @@ class Cursor {
         settle();
     }
     std::uint64_t position() const noexcept { return position_; }
-    // Moves to the next item if `c`; position() is n once there is none.
-    void advance_if(bool c) noexcept {
-        bits_ &= bits_ - std::uint64_t{c};
-        settle();
-    }
 
   private:
     std::uint64_t load(std::uint64_t w) const noexcept {
@@ -260,7 +319,7 @@ class Cursor {
         }
         position_ = word_ * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits_));
     }
-    // A sentinel bit that stays at position n: advance_if is never called on it with c.
+    // Past the last item: position n.
     void exhaust() noexcept {
         word_ = n_ / 64;
         bits_ = std::uint64_t{1} << (n_ % 64);
@@ -374,46 +433,131 @@ class LightBits {
     std::vector<double> excess_;
 };
 
-// A cursor with its current item's q and q - 1 loaded (q of the last item when past the end).
-class Stream {
+// The items of one kind (flip as for Cursor) from a position on, below `bound`, in index
+// order, with their q, in a small buffer filled ahead in runs: the sweep's step then reads its
+// next candidates from the buffer instead of scanning bits and loading a weight on its chain
+// of dependent instructions, and the stream that does not move costs nothing. Past the last
+// item the buffer holds `bound` (whose q is never read).
+class Buffered {
   public:
-    Stream(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip,
-           std::uint64_t from, std::uint64_t end, const double* w, double scale)
-        : cursor_(words, n, flip, from), end_(end), last_(n - 1), w_(w), scale_(scale) {
-        load();
+    static constexpr std::size_t kCap = 128;
+    static constexpr std::size_t kBatch = 64;  // steps between two checks for a refill
+
+    // `stop`: the item whose limit() is -inf (1 for the others).
+    Buffered(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip,
+             std::uint64_t from, std::uint64_t bound, std::uint64_t stop, const double* w, double scale)
+        : words_(words.data()), count_(words.size()), n_(n), flip_(flip), bound_(std::min(bound, n)),
+          stop_(stop), word_(from / 64), w_(w), scale_(scale) {
+        if (from >= bound_) {
+            done_ = true;
+        } else {
+            bits_ = load(word_) & (~std::uint64_t{0} << (from % 64));
+        }
+        fill();
     }
-    std::uint64_t item() const noexcept { return item_; }
-    double q() const noexcept { return q_; }
-    double q_minus_1() const noexcept { return q_minus_1_; }
-    void advance_if(bool c) noexcept {
-        cursor_.advance_if(c);
-        load();
+    // Candidates k = 0, 1, ... from the current one (k < kBatch after refill_if_needed()).
+    const std::uint64_t* items() const noexcept { return items_ + pos_; }
+    const double* qs() const noexcept { return q_ + pos_; }
+    const double* q_minus_1() const noexcept { return q_minus_1_ + pos_; }
+    const double* limits() const noexcept { return limit_ + pos_; }
+    std::uint64_t item() const noexcept { return items_[pos_]; }
+    void advance(std::size_t by) noexcept { pos_ += by; }
+    // Whether the next kBatch entries are all items (none is the bound).
+    bool full_batch() const noexcept { return real_ >= pos_ + kBatch; }
+    // More than kBatch entries ahead after this, so that item() stays in the buffer after a batch.
+    void refill_if_needed() noexcept {
+        if (pos_ + kBatch >= kCap) fill();
     }
 
   private:
-    void load() noexcept {
-        item_ = std::min(end_, cursor_.position());
-        q_ = w_[std::min(item_, last_)] * scale_;
-        q_minus_1_ = q_ - 1.0;
+    std::uint64_t load(std::uint64_t w) const noexcept {
+        std::uint64_t bits = words_[w] ^ flip_;
+        if (w + 1 == count_ && n_ % 64 != 0) bits &= (std::uint64_t{1} << (n_ % 64)) - 1;
+        return bits;
     }
-    Cursor cursor_;
-    std::uint64_t end_, last_;
+    void fill() noexcept {
+        const std::size_t live = kCap - pos_;
+        std::memmove(items_, items_ + pos_, live * sizeof(std::uint64_t));
+        std::memmove(q_, q_ + pos_, live * sizeof(double));
+        std::memmove(q_minus_1_, q_minus_1_ + pos_, live * sizeof(double));
+        std::memmove(limit_, limit_ + pos_, live * sizeof(double));
+        real_ = real_ > pos_ ? real_ - pos_ : 0;  // only items were taken: pos_ <= real_ but at first
+        pos_ = 0;
+        std::size_t size = live;
+        // In locals: stores into items_ could alias the members, which would then be reloaded
+        // after every item (a chain through memory).
+        std::uint64_t bits = bits_, word = word_;
+        bool done = done_;
+        const std::uint64_t bound = bound_, stop = stop_;
+        const double* const w = w_;
+        const double scale = scale_;
+        while (size < kCap && !done) {
+            while (bits == 0) {
+                if (++word >= count_) {
+                    done = true;
+                    break;
+                }
+                bits = load(word);
+            }
+            if (done) break;
+            const std::uint64_t i = word * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits));
+            if (i >= bound) {
+                done = true;
+                break;
+            }
+            bits &= bits - 1;
+            const double q = w[i] * scale;
+            items_[size] = i;
+            q_[size] = q;
+            q_minus_1_[size] = q - 1.0;
+            limit_[size] = i == stop ? -std::numeric_limits<double>::infinity() : 1.0;
+            ++size;
+        }
+        bits_ = bits;
+        word_ = word;
+        done_ = done;
+        if (size > live) real_ = size;
+        for (; size < kCap; ++size) {
+            items_[size] = bound_;
+            q_[size] = q_minus_1_[size] = 0.0;
+            limit_[size] = -std::numeric_limits<double>::infinity();
+        }
+    }
+
+    const std::uint64_t* words_;
+    std::uint64_t count_, n_, flip_, bound_, stop_, word_;
+    std::uint64_t bits_ = 0;
     const double* w_;
     double scale_;
-    std::uint64_t item_ = 0;
-    double q_ = 0.0, q_minus_1_ = 0.0;
+    bool done_ = false;
+    std::size_t pos_ = kCap;  // the first fill moves nothing
+    std::size_t real_ = 0;    // entries before real_ are items
+    std::uint64_t items_[kCap];
+    double q_[kCap], q_minus_1_[kCap], limit_[kCap];
 };
 
 template <class Bucket>
 void write_bucket(Bucket& b, std::uint64_t threshold, std::uint64_t alias) noexcept {
-    b.threshold = static_cast<decltype(b.threshold)>(threshold);
-    b.alias = static_cast<decltype(b.alias)>(alias);
+    // Built whole, then stored: one 8-byte store for a small bucket instead of two.
+    Bucket v;
+    v.threshold = static_cast<decltype(v.threshold)>(threshold);
+    v.alias = static_cast<decltype(v.alias)>(alias);
+    b = v;
 }
 
-// a if c else b, without a branch.
+// a if c else b, without a branch. On x86-64 a conditional move in inline assembly: told
+// that c is a coin flip (__builtin_expect_with_probability), GCC 12 still merged the sweep's
+// selections on one condition into a branch, mispredicted on every other step.
 inline std::uint64_t select(bool c, std::uint64_t a, std::uint64_t b) noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    std::uint64_t r = b;
+    const std::uint64_t flag = c;
+    __asm__("test %1, %1\n\tcmovnz %2, %0" : "+r"(r) : "r"(flag), "rm"(a) : "cc");
+    return r;
+#else
     const std::uint64_t mask = std::uint64_t{0} - std::uint64_t{c};
     return (a & mask) | (b & ~mask);
+#endif
 }
 inline double select(bool c, double a, double b) noexcept {
     std::uint64_t ua, ub;
@@ -424,6 +568,30 @@ inline double select(bool c, double a, double b) noexcept {
     std::memcpy(&out, &r, sizeof out);
     return out;
 }
+
+// The sweep's running rest and its selections in the floating-point registers where SSE2 has
+// them: a compare gives a mask that selects by and/or in one or two cycles, where selecting a
+// double through the integer registers costs two moves between the register files on the
+// sweep's chain of dependent instructions. Either way a selection is exact.
+#if FASTSHARD_SSE2
+using Real = __m128d;
+using RealMask = __m128d;
+inline Real real(double v) noexcept { return _mm_set_sd(v); }
+inline Real load_real(const double* p) noexcept { return _mm_load_sd(p); }
+inline double value(Real a) noexcept { return _mm_cvtsd_f64(a); }
+inline RealMask less(Real a, Real b) noexcept { return _mm_cmplt_sd(a, b); }
+inline Real pick(RealMask m, Real a, Real b) noexcept { return _mm_or_pd(_mm_and_pd(m, a), _mm_andnot_pd(m, b)); }
+inline Real add(Real a, Real b) noexcept { return _mm_add_sd(a, b); }
+#else
+using Real = double;
+using RealMask = bool;
+inline Real real(double v) noexcept { return v; }
+inline Real load_real(const double* p) noexcept { return *p; }
+inline double value(Real a) noexcept { return a; }
+inline RealMask less(Real a, Real b) noexcept { return a < b; }
+inline Real pick(RealMask m, Real a, Real b) noexcept { return select(m, a, b); }
+inline Real add(Real a, Real b) noexcept { return a + b; }
+#endif
 
 }  // namespace
 
@@ -462,47 +630,94 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
     // Segment s: the lights in [s * segment, ...) and the heavies from its start heavy up to
     // (not including) the next segment's, `stop`. Each step either empties heavy j (its
     // bucket keeps `rest`, the next heavy fills the remainder) or fills light i from j. Which
-    // one is a coin flip for the branch predictor, so a step computes both and selects, each
-    // stream keeps its item's q loaded, and a thread sweeps two segments in one loop: a step
-    // is a chain of dependent instructions, and two independent chains overlap.
+    // one is a coin flip for the branch predictor, so a step computes both and selects (with
+    // conditional moves and floating-point masks), each stream's next items and their q come
+    // from a buffer filled ahead (Buffered), and a thread sweeps two segments in one loop: a
+    // step is a chain of dependent instructions, and two independent chains overlap.
     struct Sweep {
-        std::uint64_t end, stop, j;
-        double rest;  // what heavy j still has to give or keep
+        std::uint64_t end_, stop, j;
+        Real rest;   // what heavy j still has to give or keep
+        Real limit;  // a step empties j when rest < limit: 1, or -inf once j is `stop`
         bool last;
-        Stream lights, heavies;
+        Buffered lights, heavies;
 
-        // One step; false (and nothing done) once the main loop of this segment is over.
-        bool step(Bucket* t, std::uint64_t n) noexcept {
-            const bool h = (rest < 1.0) & (j != stop);
-            const std::uint64_t nj = heavies.item(), i = lights.item();
-            // Over once the stream the step needs is exhausted (each stops at its bound).
-            if (select(h, nj, i) >= select(h, n, end)) return false;
-            write_bucket(t[select(h, j, i)], to_threshold(select(h, rest, lights.q())), select(h, nj, j));
-            rest += select(h, heavies.q_minus_1(), lights.q_minus_1());
-            j = select(h, nj, j);
-            heavies.advance_if(h);
-            lights.advance_if(!h);
-            return true;
+        // The state a step changes, copied into a local for a batch of at most
+        // Buffered::kBatch steps (begin() and end()), so that it stays in registers: members of
+        // the sweep live in memory, and reloading rest after each store costs the chain a
+        // store-to-load forwarding.
+        struct Hot {
+            const std::uint64_t* li;
+            const std::uint64_t* hi;
+            const double* lq;
+            const double* lq1;
+            const double* hq1;
+            const double* hlim;
+            std::uint64_t j, stop, end;
+            Real rest, limit;
+            std::size_t l, k;  // lights, heavies taken in this batch
+
+            // One step; false (and nothing done) once the main loop of this segment is over.
+            // h = (rest < 1) & (j != stop), as a compare against j's limit. Unchecked: the
+            // caller knows that both streams have an item for this step (`checked` false).
+            bool step(Bucket* t, std::uint64_t n, bool checked = true) noexcept {
+                const RealMask m = less(rest, limit);
+                const bool h = value(rest) < value(limit);
+                const std::uint64_t nj = hi[k], i = li[l];
+                // Over once the stream the step needs is exhausted (each stops at its bound).
+                if (checked && select(h, nj, i) >= select(h, n, end)) return false;
+                const double keep = value(pick(m, rest, load_real(lq + l)));
+                write_bucket(t[select(h, j, i)], to_threshold(keep), select(h, nj, j));
+                rest = add(rest, pick(m, load_real(hq1 + k), load_real(lq1 + l)));
+                limit = pick(m, load_real(hlim + k), limit);
+                j = select(h, nj, j);
+                k += h;
+                l += !h;
+                return true;
+            }
+        };
+        // Whether a batch can run unchecked: kBatch items ahead in both streams.
+        bool full_batch() const noexcept { return lights.full_batch() && heavies.full_batch(); }
+        Hot begin() noexcept {
+            lights.refill_if_needed();
+            heavies.refill_if_needed();
+            return Hot{lights.items(), heavies.items(), lights.qs(), lights.q_minus_1(), heavies.q_minus_1(),
+                       heavies.limits(), j, stop, end_, rest, limit, 0, 0};
+        }
+        void end(const Hot& hot) noexcept {
+            j = hot.j;
+            rest = hot.rest;
+            limit = hot.limit;
+            lights.advance(hot.l);
+            heavies.advance(hot.k);
+        }
+        // Steps alone to the end of the main loop.
+        void run(Bucket* t, std::uint64_t n) noexcept {
+            for (bool more = true; more;) {
+                Hot hot = begin();
+                for (std::size_t s = 0; s < Buffered::kBatch && (more = hot.step(t, n)); ++s) {}
+                end(hot);
+            }
         }
     };
     auto start = [&](std::uint64_t s) {
         const std::uint64_t begin = s * segment, end = std::min(n, begin + segment);
         const std::uint64_t j = starts[static_cast<std::size_t>(s)].heavy;
-        const std::uint64_t i = std::min(end, bits.next_light(begin));
+        const std::uint64_t stop = starts[static_cast<std::size_t>(s) + 1].heavy;
         return Sweep{end,
-                     starts[static_cast<std::size_t>(s) + 1].heavy,
+                     stop,
                      j,
-                     starts[static_cast<std::size_t>(s)].rest,
+                     real(starts[static_cast<std::size_t>(s)].rest),
+                     real(j == stop ? -std::numeric_limits<double>::infinity() : 1.0),
                      s + 1 == segments,
-                     Stream(bits.words(), n, 0, i, end, w, scale),
-                     Stream(bits.words(), n, ~std::uint64_t{0}, std::min(n, j + 1), n, w, scale)};
+                     Buffered(bits.words(), n, 0, begin, end, n, w, scale),
+                     Buffered(bits.words(), n, ~std::uint64_t{0}, std::min(n, j + 1), n, stop, w, scale)};
     };
     // After the main loop: the buckets rounding left unwritten.
     auto finish = [&](const Sweep& sw) {
         std::uint64_t j = sw.j;
         if (j != n && !sw.last) {
             // Heavies this segment still owns are, but for rounding, exactly emptied.
-            double rest = sw.rest;
+            double rest = value(sw.rest);
             while (j < sw.stop) {
                 const std::uint64_t next = bits.next_heavy(j + 1);
                 if (next == n) {
@@ -519,7 +734,7 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
             for (; j < n; j = bits.next_heavy(j + 1)) set_full(j);
         }
         // Lights left over by rounding (all of the segment's if no heavy was left, j == n).
-        for (std::uint64_t i = sw.lights.item(); i < sw.end; i = std::min(sw.end, bits.next_light(i + 1)))
+        for (std::uint64_t i = sw.lights.item(); i < sw.end_; i = std::min(sw.end_, bits.next_light(i + 1)))
             set_full(i);
     };
     Bucket* const t = table.get();
@@ -529,18 +744,30 @@ void AliasTable::build(HugeArray<Bucket>& table, const double* w, double scale, 
             Sweep a = start(s);
             if (s + 1 < segments) {
                 Sweep b = start(s + 1);
-                for (;;) {
-                    const bool more_a = a.j != n && a.step(t, n);
-                    const bool more_b = b.j != n && b.step(t, n);
-                    if (!more_a || !more_b) {
-                        if (more_a) while (a.step(t, n)) {}
-                        if (more_b) while (b.step(t, n)) {}
-                        break;
+                bool more_a = a.j != n, more_b = b.j != n;
+                while (more_a && more_b) {
+                    auto ha = a.begin();
+                    auto hb = b.begin();
+                    if (a.full_batch() && b.full_batch()) {  // all but the last few batches
+                        for (std::size_t k = 0; k < Buffered::kBatch; ++k) {
+                            ha.step(t, n, false);
+                            hb.step(t, n, false);
+                        }
+                    } else {
+                        for (std::size_t k = 0; k < Buffered::kBatch; ++k) {
+                            more_a = ha.step(t, n);
+                            more_b = hb.step(t, n);
+                            if (!more_a || !more_b) break;
+                        }
                     }
+                    a.end(ha);
+                    b.end(hb);
                 }
+                if (more_a) a.run(t, n);
+                if (more_b) b.run(t, n);
                 finish(b);
             } else if (a.j != n) {
-                while (a.step(t, n)) {}
+                a.run(t, n);
             }
             finish(a);
         }
