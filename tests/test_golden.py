@@ -8,9 +8,12 @@ order name (see docs/DESIGN.md, "Versioning"), never an edit of these vectors.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
+import fastshard
 from fastshard import DistributedSampler, WeightedDistributedSampler
 
 
@@ -460,3 +463,35 @@ def test_weighted_order_without_replacement(key):
     s = weighted_sampler(*key, replacement=False)
     assert len(s) == 214  # ceil(428 / 2): every positive weight once over the two ranks
     assert s.indices(0, 16).tolist() == head and s.indices(-8).tolist() == tail
+
+
+# -- alias tables, fused multiply-adds ruled out ----------------------------------------------------
+# The alias tables of two kinds of full-mantissa weights, built in sweep segments of 4096 items
+# (the segment states are where a rounding shows first). A build whose compiler fused `a * b - c`
+# into one FMA gave other tables here (GCC contracts wherever the target has FMA: every aarch64,
+# and -march=native through FASTSHARD_NATIVE), until CMakeLists.txt passed -ffp-contract=off.
+# .ci/run builds with FASTSHARD_NATIVE=ON and runs this file against that build too.
+ALIAS_TABLES = {
+    "skew": "4466c21c5a9b26aa2c4f891fb06f61b9befa639a5a23b919ef3c7f95dd797ed0",
+    "uniform": "be190c923b92a1f6af8ba649aac2b821dc5630102ab8171b633f6a4c95a8385e",
+}
+
+
+def _unit_floats(n):
+    """n floats in [0, 1) with full 53-bit mantissas, from a SplitMix-style integer hash."""
+    i = np.arange(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = (i + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(31)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(29)
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+@pytest.mark.parametrize("kind", list(ALIAS_TABLES))
+def test_alias_tables_do_not_depend_on_fused_multiply_add(kind):
+    u = _unit_floats(1_000_003)
+    w = np.where(u < 0.1, 0.0, u * u * u * 100) if kind == "skew" else u + 2.0**-30
+    threshold, alias = fastshard._core.AliasTable(w, _segment=4096)._buckets()
+    raw = threshold.astype("<u8").tobytes() + alias.astype("<u8").tobytes()
+    assert hashlib.sha256(raw).hexdigest() == ALIAS_TABLES[kind]
