@@ -15,7 +15,8 @@ def set_num_threads(threads: Any) -> None:
     Parameters
     ----------
     threads : int
-        In ``[0, 65536]``; ``0`` restores the default, the number of hardware threads. Ranges
+        In ``[0, 65536]``; ``0`` restores the default: the CPUs this process may run on
+        (on Linux its affinity mask, as ``os.sched_getaffinity(0)``; elsewhere every core). Ranges
         are split only into parts of at least 65536 indices, so small calls stay single-threaded.
 
     Raises
@@ -30,7 +31,7 @@ def set_num_threads(threads: Any) -> None:
     >>> fastshard.set_num_threads(1)
     >>> fastshard.get_num_threads()
     1
-    >>> fastshard.set_num_threads(0)  # the default: all cores
+    >>> fastshard.set_num_threads(0)  # the default: the CPUs this process may use
     """
     _core.set_num_threads(_validate.in_range(threads, "threads", 0, MAX_THREADS))
 
@@ -41,7 +42,7 @@ def get_num_threads() -> int:
     Returns
     -------
     int
-        The value of :func:`set_num_threads`, or the number of hardware threads by default.
+        The value of :func:`set_num_threads`, or by default the CPUs this process may run on.
 
     Examples
     --------

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -141,6 +144,31 @@ def test_threaded_fill_equals_single_thread():
     finally:
         fastshard.set_num_threads(old)
     assert big.tolist()[:100] == [s[k] for k in range(1000, 1100)]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here (Linux only)"
+)
+def test_default_threads_follow_the_cpu_affinity():
+    # A process bound to one CPU (taskset, a container's cpuset, a launcher binding ranks to
+    # cores) must not start a thread per CPU of the machine. Fresh processes: the default is
+    # read once, at the first use.
+    code = (
+        "import os, sys\n"
+        "cpus = sorted(os.sched_getaffinity(0))\n"
+        "os.sched_setaffinity(0, cpus[:1] if sys.argv[1] == 'one' else cpus)\n"
+        "import fastshard\n"
+        "print(fastshard.get_num_threads(), len(os.sched_getaffinity(0)))\n"
+    )
+    for case in ("one", "all"):
+        out = subprocess.run(
+            [sys.executable, "-c", code, case], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        threads, allowed = map(int, out.stdout.split())
+        assert threads == allowed
+        if case == "one":
+            assert threads == 1
 
 
 def test_iterator_is_lazy_and_restartable():

@@ -3,6 +3,10 @@
 #include <atomic>
 #include <thread>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "fastshard/mix.hpp"
 #include "fastshard/parallel.hpp"
 #include "fastshard/torch_order.hpp"
@@ -11,7 +15,19 @@ namespace fastshard {
 
 namespace {
 
+// The CPUs this process may run on: on Linux its affinity mask (taskset, a container's or a
+// batch scheduler's cpuset, a launcher binding ranks to cores), which hardware_concurrency()
+// ignores; it counts every CPU of the machine, so 8 ranks on a 96-core node each started 96
+// threads.
 unsigned hardware_threads() noexcept {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        const int allowed = CPU_COUNT(&set);
+        if (allowed > 0) return static_cast<unsigned>(allowed);
+    }  // (more CPUs than a cpu_set_t holds: the call fails, and the machine's count is used)
+#endif
     const unsigned h = std::thread::hardware_concurrency();
     return h == 0 ? 1 : h;
 }
