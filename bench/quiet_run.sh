@@ -10,7 +10,8 @@
 # compiler into a --target folder: this checkout (new) and BASE_TREE (base, e.g. `git archive`
 # of the previous main). Logs go to /tmp/quiet-logs, packed at the end into $OUT/quiet-logs.tgz
 # ($OUT default /tmp/quiet-out); each log's last lines are printed. QUIET_N (default 1e8) sizes
-# the packing and weighted runs, QUIET_ROUNDS (default 21) the iteration rounds.
+# the packing and weighted runs, QUIET_ROUNDS (default 21) the iteration rounds; QUIET_PARTS
+# (default "packing weighted gaps") picks the runs.
 set -uo pipefail
 BASE=$(cd "$1" && pwd)
 CPUS=${2:-0,1}
@@ -19,6 +20,7 @@ OUT=${OUT:-/tmp/quiet-out}
 LOG=/tmp/quiet-logs
 N=${QUIET_N:-1e8}
 ROUNDS=${QUIET_ROUNDS:-21}
+PARTS=${QUIET_PARTS:-packing weighted gaps}
 mkdir -p "$OUT" "$LOG"
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/t-new "$R" >"$LOG/build-new.log" 2>&1 &
@@ -42,14 +44,20 @@ run() {  # run NAME CMD...: pinned, logged, its last lines shown
 }
 nn=$(python3 -c "print(int(float('$N')))")
 /tmp/py-new -c "import sys; sys.path.insert(0, '$R/bench'); import packing, pathlib; packing.pretrain_lengths($nn, pathlib.Path('/tmp/pretrain_$nn.u32'))"
-run packing /tmp/py-new "$R/bench/packing.py" megatron --n "$N" --repeat 3 --dir /tmp --base-python /tmp/py-base
-for side in new base; do
-  run "weighted-$side" /tmp/py-$side "$R/bench/weighted.py" --n "$N" --repeat 5 --first-calls 1
-done
-for k in 1 2; do
+case " $PARTS " in *" packing "*)
+  run packing /tmp/py-new "$R/bench/packing.py" megatron --n "$N" --repeat 3 --dir /tmp --base-python /tmp/py-base ;;
+esac
+case " $PARTS " in *" weighted "*)
   for side in new base; do
-    run "iterate-$side-$k" /tmp/py-$side "$R/bench/iterate_gap.py" "$ROUNDS"
-    run "mixture-$side-$k" /tmp/py-$side "$R/bench/mixture_gap.py"
-  done
-done
+    run "weighted-$side" /tmp/py-$side "$R/bench/weighted.py" --n "$N" --repeat 5 --first-calls 1
+  done ;;
+esac
+case " $PARTS " in *" gaps "*)
+  for k in 1 2; do
+    for side in new base; do
+      run "iterate-$side-$k" /tmp/py-$side "$R/bench/iterate_gap.py" "$ROUNDS"
+      run "mixture-$side-$k" /tmp/py-$side "$R/bench/mixture_gap.py"
+    done
+  done ;;
+esac
 tar czf "$OUT/quiet-logs.tgz" -C "$LOG" .
