@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -162,7 +163,11 @@ def test_default_threads_follow_the_cpu_affinity():
     )
     for case in ("one", "all"):
         out = subprocess.run(
-            [sys.executable, "-c", code, case], capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", code, case],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tempfile.gettempdir(),  # never import fastshard from the source tree
         )
         assert out.returncode == 0, out.stderr
         threads, allowed = map(int, out.stdout.split())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -44,7 +45,12 @@ def digest(simd: str | None) -> str:
     if simd is not None:
         env["FASTSHARD_SIMD"] = simd
     out = subprocess.run(
-        [sys.executable, "-c", DIGEST], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", DIGEST],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tempfile.gettempdir(),  # never import fastshard from the source tree
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
