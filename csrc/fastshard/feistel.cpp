@@ -120,13 +120,67 @@ FASTSHARD_INLINE void decrypt_lanes(std::uint64_t* x, std::size_t count, int rou
     for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i]} << lo_bits) | b[i];
 }
 
+// A Gather: appends each lane i of values[0, m) that is >= n, with its home first + i, to the
+// pool (`pooled` lanes in it, at most kBlock), in lane order, until the lanes run out or the pool
+// is full; returns the lanes taken.
+using Gather = std::size_t (*)(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
+                               std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept;
+
+std::size_t gather_scalar(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
+                          std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept {
+    std::size_t p = pooled, i = 0;
+    for (; i < m && p < kBlock; ++i) {  // branch-free: the test is a coin flip near n = 2^k / 2
+        pool[p] = values[i];
+        home[p] = first + i;
+        p += values[i] >= n ? 1 : 0;
+    }
+    pooled = p;
+    return i;
+}
+
+#ifdef FASTSHARD_MULTIVERSION
+// Eight lanes at a time: a compare into a mask, then each lane set moved down by a compress.
+// In the scalar form the pooling took half as many samples as the network itself in concat's
+// read of 10^8 lengths (bench/RESULTS.md, "Concat's read: compress and clones").
+FASTSHARD_TARGET_AVX512F std::size_t gather_avx512f(const std::uint64_t* values, std::size_t m, std::uint64_t n,
+                                                    std::size_t first, std::uint64_t* pool, std::size_t* home,
+                                                    std::size_t& pooled) noexcept {
+    static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "homes are compressed as 64-bit lanes");
+    const __m512i limit = _mm512_set1_epi64(static_cast<long long>(n));
+    const __m512i eight = _mm512_set1_epi64(8);
+    __m512i index = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first)),
+                                     _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    std::size_t p = pooled, i = 0;
+    for (; i + 8 <= m && p + 8 <= kBlock; i += 8) {
+        const __m512i v = _mm512_loadu_si512(values + i);
+        const __mmask8 out = _mm512_cmpge_epu64_mask(v, limit);
+        _mm512_storeu_si512(pool + p, _mm512_maskz_compress_epi64(out, v));
+        _mm512_storeu_si512(home + p, _mm512_maskz_compress_epi64(out, index));
+        p += static_cast<std::size_t>(__builtin_popcount(static_cast<unsigned>(out)));
+        index = _mm512_add_epi64(index, eight);
+    }
+    std::size_t rest = p;
+    const std::size_t taken = i + gather_scalar(values + i, m - i, n, first + i, pool, home, rest);
+    pooled = rest;
+    return taken;
+}
+#endif
+
+Gather gather_kernel() noexcept;
+
 // Cycle walking: values that leave [0, n) go through `block` again until they return. The
 // cycle of each value under the network contains it (in range), so this ends, after < 2
 // passes on average. Lanes still walking wait in one pool across blocks, which is passed
-// whenever it is full: the walks too run on full, vectorised blocks. `gather` (a Gather below)
-// moves a block's lanes that left [0, n) into the pool.
-template <class G, class Block>
-void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, G gather, Block&& block) {
+// whenever it is full: the walks too run on full, vectorised blocks; this CPU's Gather moves a
+// block's lanes that left [0, n) into the pool. When n is the network's whole domain (a power
+// of two), no value ever leaves it: the blocks alone, without the pooling.
+template <class Block>
+void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, std::uint64_t domain, Block&& block) {
+    if (n == domain) {
+        for (std::size_t start = 0; start < count; start += kBlock) block(x + start, std::min(kBlock, count - start));
+        return;
+    }
+    const Gather gather = gather_kernel();
     std::uint64_t pool[kBlock];
     std::size_t home[kBlock];  // where in x each pooled value belongs
     std::size_t pooled = 0;
@@ -156,53 +210,6 @@ void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, G gather,
     }
     while (pooled != 0) walk();
 }
-
-// A Gather: appends each lane i of values[0, m) that is >= n, with its home first + i, to the
-// pool (`pooled` lanes in it, at most kBlock), in lane order, until the lanes run out or the pool
-// is full; returns the lanes taken.
-using Gather = std::size_t (*)(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
-                               std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept;
-
-std::size_t gather_scalar(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
-                          std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept {
-    std::size_t p = pooled, i = 0;
-    for (; i < m && p < kBlock; ++i) {  // branch-free: the test is a coin flip near n = 2^k / 2
-        pool[p] = values[i];
-        home[p] = first + i;
-        p += values[i] >= n ? 1 : 0;
-    }
-    pooled = p;
-    return i;
-}
-
-#ifdef FASTSHARD_MULTIVERSION
-// Eight lanes at a time: a compare into a mask, then each lane set moved down by a compress.
-// In the scalar form the pooling cost about a third of a feistel fill at n = 10^8 (bench/RESULTS.md).
-FASTSHARD_TARGET_AVX512F std::size_t gather_avx512f(const std::uint64_t* values, std::size_t m, std::uint64_t n,
-                                                    std::size_t first, std::uint64_t* pool, std::size_t* home,
-                                                    std::size_t& pooled) noexcept {
-    static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "homes are compressed as 64-bit lanes");
-    const __m512i limit = _mm512_set1_epi64(static_cast<long long>(n));
-    const __m512i eight = _mm512_set1_epi64(8);
-    __m512i index = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first)),
-                                     _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
-    std::size_t p = pooled, i = 0;
-    for (; i + 8 <= m && p + 8 <= kBlock; i += 8) {
-        const __m512i v = _mm512_loadu_si512(values + i);
-        const __mmask8 out = _mm512_cmpge_epu64_mask(v, limit);
-        _mm512_storeu_si512(pool + p, _mm512_maskz_compress_epi64(out, v));
-        _mm512_storeu_si512(home + p, _mm512_maskz_compress_epi64(out, index));
-        p += static_cast<std::size_t>(__builtin_popcount(static_cast<unsigned>(out)));
-        index = _mm512_add_epi64(index, eight);
-    }
-    std::size_t rest = p;
-    const std::size_t taken = i + gather_scalar(values + i, m - i, n, first + i, pool, home, rest);
-    pooled = rest;
-    return taken;
-}
-#endif
-
-Gather gather_kernel() noexcept;
 
 // The network on one block, specialised for the public round count. Always inlined into one copy
 // per instruction set below.
@@ -326,11 +333,7 @@ void Feistel::apply(std::uint64_t* x, std::size_t count) const noexcept {
         for (std::size_t i = 0; i < count; ++i) x[i] = table_[static_cast<std::size_t>(x[i])];
         return;
     }
-    if (n_ == std::uint64_t{1} << (hi_bits_ + lo_bits_)) {  // the whole domain: no value leaves it
-        for (std::size_t start = 0; start < count; start += kBlock) encrypt_block(x + start, std::min(kBlock, count - start));
-        return;
-    }
-    walk_cycles(x, count, n_, gather_kernel(), [this](std::uint64_t* v, std::size_t m) { encrypt_block(v, m); });
+    walk_cycles(x, count, n_, domain(), [this](std::uint64_t* v, std::size_t m) { encrypt_block(v, m); });
 }
 
 void Feistel::invert(std::uint64_t* x, std::size_t count) const noexcept {
@@ -338,11 +341,7 @@ void Feistel::invert(std::uint64_t* x, std::size_t count) const noexcept {
         for (std::size_t i = 0; i < count; ++i) x[i] = inverse_[static_cast<std::size_t>(x[i])];
         return;
     }
-    if (n_ == std::uint64_t{1} << (hi_bits_ + lo_bits_)) {
-        for (std::size_t start = 0; start < count; start += kBlock) decrypt_block(x + start, std::min(kBlock, count - start));
-        return;
-    }
-    walk_cycles(x, count, n_, gather_kernel(), [this](std::uint64_t* v, std::size_t m) { decrypt_block(v, m); });
+    walk_cycles(x, count, n_, domain(), [this](std::uint64_t* v, std::size_t m) { decrypt_block(v, m); });
 }
 
 }  // namespace fastshard

@@ -53,6 +53,8 @@ class Feistel {
     // One pass of the network over [0, 2^k), no cycle walking, on count <= 64 values.
     void encrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
     void decrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
+    // The network's domain [0, 2^k), k = hi_bits_ + lo_bits_.
+    std::uint64_t domain() const noexcept { return std::uint64_t{1} << (hi_bits_ + lo_bits_); }
 
     std::uint64_t n_;
     unsigned hi_bits_ = 0;  // width of the high half at the start (ceil(k/2))
