@@ -288,49 +288,28 @@ int count_trailing_zeros(std::uint64_t v) noexcept {  // v != 0
 // 1e-12 of a bucket, far below the table's 2^-32 resolution.
 constexpr std::uint64_t kBlock = AliasTable::kSweepBlock;  // items per block sum
 
-// The first item of one kind (flip 0: lights, ~0: heavies) from a position on, found in the
-// words of bits with count-trailing-zeros (LightBits::next_light and next_heavy).
-class Cursor {
-  public:
-    Cursor(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip, std::uint64_t from)
-        : words_(words.data()), count_(words.size()), n_(n), flip_(flip), word_(from / 64) {
-        if (from >= n) {
-            exhaust();
-            return;
-        }
-        bits_ = load(word_) & (~std::uint64_t{0} << (from % 64));
-        settle();
-    }
-    std::uint64_t position() const noexcept { return position_; }
+// Word w of the light bits xor-ed with `flip` (0: lights, ~0: heavies), the bits past item n
+// cleared.
+inline std::uint64_t kind_word(const std::uint64_t* words, std::size_t count, std::uint64_t n, std::uint64_t flip,
+                               std::uint64_t w) noexcept {
+    std::uint64_t bits = words[w] ^ flip;
+    if (w + 1 == count && n % 64 != 0) bits &= (std::uint64_t{1} << (n % 64)) - 1;
+    return bits;
+}
 
-  private:
-    std::uint64_t load(std::uint64_t w) const noexcept {
-        std::uint64_t bits = words_[w] ^ flip_;
-        if (w + 1 == count_ && n_ % 64 != 0) bits &= (std::uint64_t{1} << (n_ % 64)) - 1;
-        return bits;
+// The first item i' >= i of one kind, found in the words with count-trailing-zeros; n if none
+// (LightBits::next_light and next_heavy).
+inline std::uint64_t next_of_kind(const std::vector<std::uint64_t>& words, std::uint64_t n, std::uint64_t flip,
+                                  std::uint64_t i) noexcept {
+    if (i >= n) return n;
+    std::uint64_t w = i / 64;
+    std::uint64_t bits = kind_word(words.data(), words.size(), n, flip, w) & (~std::uint64_t{0} << (i % 64));
+    while (bits == 0) {
+        if (++w >= words.size()) return n;
+        bits = kind_word(words.data(), words.size(), n, flip, w);
     }
-    void settle() noexcept {
-        while (bits_ == 0) {
-            if (++word_ >= count_) {
-                exhaust();
-                return;
-            }
-            bits_ = load(word_);
-        }
-        position_ = word_ * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits_));
-    }
-    // Past the last item: position n.
-    void exhaust() noexcept {
-        word_ = n_ / 64;
-        bits_ = std::uint64_t{1} << (n_ % 64);
-        position_ = n_;
-    }
-
-    const std::uint64_t* words_;
-    std::uint64_t count_, n_, flip_, word_;
-    std::uint64_t bits_ = 0;
-    std::uint64_t position_ = 0;
-};
+    return w * 64 + static_cast<std::uint64_t>(count_trailing_zeros(bits));
+}
 
 // One bit per item, set for the light ones (below the mean): finding the next light or heavy
 // item is a scan of words with count-trailing-zeros instead of one unpredictable branch per
@@ -354,8 +333,8 @@ class LightBits {
             e += be;
         }
     }
-    std::uint64_t next_light(std::uint64_t i) const noexcept { return next(i, 0); }
-    std::uint64_t next_heavy(std::uint64_t i) const noexcept { return next(i, ~std::uint64_t{0}); }
+    std::uint64_t next_light(std::uint64_t i) const noexcept { return next_of_kind(words_, n_, 0, i); }
+    std::uint64_t next_heavy(std::uint64_t i) const noexcept { return next_of_kind(words_, n_, ~std::uint64_t{0}, i); }
     const std::vector<std::uint64_t>& words() const noexcept { return words_; }
 
     // Deficit of the lights before item `begin` (a multiple of kBlock).
@@ -421,10 +400,6 @@ class LightBits {
         excess_[static_cast<std::size_t>(b)] = (e[0] + e[1]) + (e[2] + e[3]);
     }
 
-    // First i' >= i whose bit, xor-ed with `flip`, is set; n if none.
-    std::uint64_t next(std::uint64_t i, std::uint64_t flip) const noexcept {
-        return Cursor(words_, n_, flip, i).position();
-    }
 
     std::uint64_t n_;
     std::vector<std::uint64_t> words_;
@@ -433,7 +408,7 @@ class LightBits {
     std::vector<double> excess_;
 };
 
-// The items of one kind (flip as for Cursor) from a position on, below `bound`, in index
+// The items of one kind (flip as for kind_word) from a position on, below `bound`, in index
 // order, with their q, in a small buffer filled ahead in runs: the sweep's step then reads its
 // next candidates from the buffer instead of scanning bits and loading a weight on its chain
 // of dependent instructions, and the stream that does not move costs nothing. Past the last
@@ -470,11 +445,7 @@ class Buffered {
     }
 
   private:
-    std::uint64_t load(std::uint64_t w) const noexcept {
-        std::uint64_t bits = words_[w] ^ flip_;
-        if (w + 1 == count_ && n_ % 64 != 0) bits &= (std::uint64_t{1} << (n_ % 64)) - 1;
-        return bits;
-    }
+    std::uint64_t load(std::uint64_t w) const noexcept { return kind_word(words_, count_, n_, flip_, w); }
     void fill() noexcept {
         const std::size_t live = kCap - pos_;
         std::memmove(items_, items_ + pos_, live * sizeof(std::uint64_t));
