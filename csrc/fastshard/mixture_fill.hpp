@@ -175,14 +175,12 @@ void mixture_fill(const Src& s, const Plan& p, std::uint64_t k0, std::uint64_t c
         }
         auto dataset_of = [&](std::uint64_t slot) -> std::size_t {
             std::size_t c = 0;
-            if constexpr (K > 1 && K <= kLinearK) {
-                for (std::size_t b = 1; b < K; ++b) c += slot >= bound[b] ? 1U : 0U;
-            } else if constexpr (K == 0) {
-                for (std::size_t b = 1; b < k; ++b) c += slot >= bound[b] ? 1U : 0U;
-            } else if constexpr (K > kLinearK) {
+            if constexpr (K <= kLinearK) {
+                const std::size_t datasets = K == 0 ? k : K;  // a constant but for K = 0
+                for (std::size_t b = 1; b < datasets; ++b) c += slot >= bound[b] ? 1U : 0U;
+            } else {
                 const auto first = cur.prefix.begin() + 1;
-                const auto found = std::upper_bound(first, cur.prefix.end(), slot);
-                c = static_cast<std::size_t>(found - first);
+                c = static_cast<std::size_t>(std::upper_bound(first, cur.prefix.end(), slot) - first);
             }
             return c;  // K = 1: always 0
         };
