@@ -12,11 +12,10 @@ int64 (the write floor). Prints the per-round numbers and the medians over round
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
+
+from _child import child_json
 
 CHILD = r"""
 import json, time
@@ -50,17 +49,6 @@ print(json.dumps(res))
 """
 
 
-def run(python: str) -> dict[str, float]:
-    proc = subprocess.run(
-        [python, "-c", CHILD],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tempfile.gettempdir(),
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("portable")
@@ -72,7 +60,7 @@ def main() -> None:
     for r in range(args.rounds):
         order = list(builds) if r % 2 == 0 else list(builds)[::-1]
         for b in order:
-            res = run(builds[b])
+            res = child_json(CHILD, python=builds[b])
             results[b].append(res)
             print(
                 f"round {r} {b:8s} " + "  ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True

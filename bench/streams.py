@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -28,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from _child import child_json
 
 BATCH = 64
 WORKERS = 2
@@ -371,14 +369,7 @@ def cmd_planning(args: argparse.Namespace) -> None:
     for shards in args.plan_shards:
         runs = []
         for _ in range(args.repeat):
-            out = subprocess.run(
-                [sys.executable, "-c", PLAN_CHILD, str(int(shards))],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=tempfile.gettempdir(),
-            )
-            runs.append(json.loads(out.stdout))
+            runs.append(child_json(PLAN_CHILD, str(int(shards))))
         c = [r["construct_ms"] for r in runs]
         f = [r["first_ms"] for r in runs]
         t = [a + b for a, b in zip(c, f)]

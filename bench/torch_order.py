@@ -18,11 +18,9 @@ and torch agree. Linux only.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
-import tempfile
+
+from _child import child_json
 
 CHILD = r"""
 import hashlib, itertools, json, sys, time
@@ -75,16 +73,7 @@ KINDS = ("torch_sampler", "fastshard_sampler", "torch_randperm", "fastshard_rand
 
 
 def run(kind: str, n: int, W: int, rank: int, seed: int) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, kind, str(n), str(W), str(rank), str(seed)],
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{kind} n={n} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout)
+    return child_json(CHILD, kind, str(n), str(W), str(rank), str(seed))
 
 
 def main() -> None:

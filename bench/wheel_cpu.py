@@ -12,9 +12,8 @@ rounds of CPU and wall ns per index, and the sorted CPU times.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import tempfile
+
+from _child import child_json
 
 CHILD = r"""
 import json, time, fastshard
@@ -43,14 +42,7 @@ def main() -> None:
     got: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for name, python in builds.items():
-            proc = subprocess.run(
-                [python, "-c", CHILD],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=tempfile.gettempdir(),
-            )
-            for case, value in json.loads(proc.stdout).items():
+            for case, value in child_json(CHILD, python=python).items():
                 got.setdefault((case, name), []).append(tuple(value))
     print(f"best of {args.rounds} rounds (ns per index) | CPU | wall | all CPU, sorted")
     for (case, name), v in sorted(got.items()):

@@ -14,9 +14,8 @@ reports the best round. Cases (rank 0 of W = 8, the default order unless named):
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import tempfile
+
+from _child import child_json
 
 CHILD = r"""
 import json, time
@@ -47,14 +46,7 @@ def main() -> None:
     best: dict[str, dict[str, float]] = {name: {} for name in builds}
     for _ in range(args.rounds):
         for name, python in builds.items():
-            proc = subprocess.run(
-                [python, "-c", CHILD],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=tempfile.gettempdir(),
-            )
-            got = json.loads(proc.stdout)
+            got = child_json(CHILD, python=python)
             print(name, got)
             for case, value in got.items():
                 if case != "file":
