@@ -404,6 +404,70 @@ def test_feistel_invert_random_points_of_large_domains(n):
         )
 
 
+# A reference of the network in Python integers, from the algorithm feistel.hpp states (keys
+# from SplitMix64 of derive_key, lowbias32 rounds adding mod 2^width, cycle walking). It pins
+# the compiled kernels on either side of n = 2^32: up to there both halves have at most 16 bits
+# and the rounds take a shortcut (feistel.cpp, "Narrow"); above it, the general rounds.
+_M64, _M32 = 2**64 - 1, 2**32 - 1
+
+
+def _mix64(x):
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _hash32(x):
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _reference_network(n, seed, domain):
+    h = _mix64(domain ^ 0x6A09E667F3BCC908)
+    for word in (seed, 0, n):  # derive_key(domain, n, seed, epoch=0)
+        h = _mix64(h ^ word)
+    k = max((n - 1).bit_length(), 2)
+    hi, lo = k - k // 2, k // 2
+    keys = []
+    for r in range(1, 9):  # SplitMix64(key): state += golden, then mix64
+        w = _mix64((h + r * 0x9E3779B97F4A7C15) & _M64)
+        keys.append((w & _M32, w >> 32))
+
+    def encrypt(x):
+        a, b, wa, wb = x >> lo, x & (2**lo - 1), hi, lo
+        for kx, ka in keys:
+            a, b = b, (a + _hash32(b ^ kx) + ka) % 2**wa
+            wa, wb = wb, wa
+        return (a << lo) | b  # eight rounds: the halves are back at their widths
+
+    def apply(i):
+        x = encrypt(i)
+        while x >= n:
+            x = encrypt(x)
+        return x
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "n", [2**20 + 1, 2**31 + 7, 2**32 - 5, 2**32, 2**32 + 1, 2**33 + 3, 2**34 - 1, 3 * 2**40 + 1]
+)
+def test_feistel_matches_a_reference_around_two_to_the_32(n):
+    rng = np.random.default_rng(n % 2**32)
+    x = np.concatenate([rng.integers(0, n, 300), [0, n - 1]])
+    # Enough points that the kernels' pooled cycle walk runs (blocks of 128 lanes).
+    apply = _reference_network(n, 11, 1)
+    expected = np.array([apply(int(i)) for i in x], dtype=np.int64)
+    assert np.array_equal(feistel_points(n, 11, x, domain=1), expected)
+    assert np.array_equal(feistel_points(n, 11, expected, inverse=True, domain=1), x)
+    assert not np.array_equal(feistel_points(n, 12, x, domain=1), expected)
+
+
 def test_feistel_invert_fails_when_wrong():
     # The checks above are not vacuous: another key, another n or applying twice does not
     # invert, and points outside [0, n) are refused.

@@ -20,16 +20,18 @@ constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
     return x;
 }
 
-// "lowbias32" (C. Wellons' hash-prospector): a bijection of 32-bit words with near-ideal
-// avalanche using only 32-bit multiplies, so it vectorises on every SIMD level.
-constexpr std::uint32_t hash32(std::uint32_t x) noexcept {
-    x ^= x >> 16;
+// hash32 after its first step (x ^= x >> 16).
+constexpr std::uint32_t hash32_tail(std::uint32_t x) noexcept {
     x *= 0x7feb352dU;
     x ^= x >> 15;
     x *= 0x846ca68bU;
     x ^= x >> 16;
     return x;
 }
+
+// "lowbias32" (C. Wellons' hash-prospector): a bijection of 32-bit words with near-ideal
+// avalanche using only 32-bit multiplies, so it vectorises on every SIMD level.
+constexpr std::uint32_t hash32(std::uint32_t x) noexcept { return hash32_tail(x ^ (x >> 16)); }
 
 // High 64 bits of the 128-bit product a*b: maps a uniform 64-bit word to [0, b).
 inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) noexcept {
