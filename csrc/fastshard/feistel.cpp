@@ -152,18 +152,18 @@ FASTSHARD_INLINE void decrypt_lanes(std::uint64_t* x, std::size_t count, int rou
     for (std::size_t i = 0; i < count; ++i) x[i] = (std::uint64_t{a[i] & hi_mask} << lo_bits) | (b[i] & lo_mask);
 }
 
-// A Gather: appends each lane i of values[0, m) that is >= n, with its home first + i, to the
-// pool (`pooled` lanes in it, at most kBlock), in lane order, until the lanes run out or the pool
-// is full; returns the lanes taken.
-using Gather = std::size_t (*)(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
-                               std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept;
+// A Gather: appends the index first + i of each lane i of values[0, m) that is >= n to the pool
+// of homes (`pooled` in it, at most kBlock), in lane order, until the lanes run out or the pool
+// is full; returns the lanes taken. Only the homes are pooled: a walk reads the values from x.
+using Home = std::uint32_t;  // an index into the current chunk of x (walk_cycles)
+using Gather = std::size_t (*)(const std::uint64_t* values, std::size_t m, std::uint64_t n, Home first, Home* home,
+                               std::size_t& pooled) noexcept;
 
-std::size_t gather_scalar(const std::uint64_t* values, std::size_t m, std::uint64_t n, std::size_t first,
-                          std::uint64_t* pool, std::size_t* home, std::size_t& pooled) noexcept {
+std::size_t gather_scalar(const std::uint64_t* values, std::size_t m, std::uint64_t n, Home first, Home* home,
+                          std::size_t& pooled) noexcept {
     std::size_t p = pooled, i = 0;
     for (; i < m && p < kBlock; ++i) {  // branch-free: the test is a coin flip near n = 2^k / 2
-        pool[p] = values[i];
-        home[p] = first + i;
+        home[p] = static_cast<Home>(first + i);
         p += values[i] >= n ? 1 : 0;
     }
     pooled = p;
@@ -171,28 +171,29 @@ std::size_t gather_scalar(const std::uint64_t* values, std::size_t m, std::uint6
 }
 
 #ifdef FASTSHARD_MULTIVERSION
-// Eight lanes at a time: a compare into a mask, then each lane set moved down by a compress.
-// In the scalar form the pooling took half as many samples as the network itself in concat's
-// read of 10^8 lengths (bench/RESULTS.md, "Concat's read: compress and clones").
+// Sixteen lanes at a time: two compares into one mask, then the lanes' 32-bit homes moved down
+// by one compress. Compresses are the cost here (on this project's AMD EPYC most of the
+// function's samples): one per 16 lanes, where values and 64-bit homes took two per 8
+// (bench/RESULTS.md, "Concat's read: narrow rounds").
 FASTSHARD_TARGET_AVX512F std::size_t gather_avx512f(const std::uint64_t* values, std::size_t m, std::uint64_t n,
-                                                    std::size_t first, std::uint64_t* pool, std::size_t* home,
-                                                    std::size_t& pooled) noexcept {
-    static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "homes are compressed as 64-bit lanes");
+                                                    Home first, Home* home, std::size_t& pooled) noexcept {
+    static_assert(sizeof(Home) == 4, "homes are compressed as 32-bit lanes");
     const __m512i limit = _mm512_set1_epi64(static_cast<long long>(n));
-    const __m512i eight = _mm512_set1_epi64(8);
-    __m512i index = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first)),
-                                     _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)),
+                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     std::size_t p = pooled, i = 0;
-    for (; i + 8 <= m && p + 8 <= kBlock; i += 8) {
-        const __m512i v = _mm512_loadu_si512(values + i);
-        const __mmask8 out = _mm512_cmpge_epu64_mask(v, limit);
-        _mm512_storeu_si512(pool + p, _mm512_maskz_compress_epi64(out, v));
-        _mm512_storeu_si512(home + p, _mm512_maskz_compress_epi64(out, index));
+    for (; i + 16 <= m && p + 16 <= kBlock; i += 16) {
+        const __mmask8 low = _mm512_cmpge_epu64_mask(_mm512_loadu_si512(values + i), limit);
+        const __mmask8 high = _mm512_cmpge_epu64_mask(_mm512_loadu_si512(values + i + 8), limit);
+        const __mmask16 out = _mm512_kunpackb(high, low);
+        _mm512_storeu_si512(home + p, _mm512_maskz_compress_epi32(out, index));
         p += static_cast<std::size_t>(__builtin_popcount(static_cast<unsigned>(out)));
-        index = _mm512_add_epi64(index, eight);
+        index = _mm512_add_epi32(index, sixteen);
     }
     std::size_t rest = p;
-    const std::size_t taken = i + gather_scalar(values + i, m - i, n, first + i, pool, home, rest);
+    const std::size_t taken =
+        i + gather_scalar(values + i, m - i, n, static_cast<Home>(first + i), home, rest);
     pooled = rest;
     return taken;
 }
@@ -203,26 +204,33 @@ Gather gather_kernel() noexcept;
 // Cycle walking: values that leave [0, n) go through `block` again until they return. The
 // cycle of each value under the network contains it (in range), so this ends, after < 2
 // passes on average. Lanes still walking wait in one pool across blocks, which is passed
-// whenever it is full: the walks too run on full, vectorised blocks; this CPU's Gather moves a
-// block's lanes that left [0, n) into the pool. When n is the network's whole domain (a power
-// of two), no value ever leaves it: the blocks alone, without the pooling.
+// whenever it is full: the walks too run on full, vectorised blocks; this CPU's Gather puts the
+// homes of a block's lanes that left [0, n) in the pool. When n is the network's whole domain (a
+// power of two), no value ever leaves it: the blocks alone, without the pooling.
 template <class Block>
 void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, std::uint64_t domain, Block&& block) {
     if (n == domain) {
         for (std::size_t start = 0; start < count; start += kBlock) block(x + start, std::min(kBlock, count - start));
         return;
     }
+    // Homes are 32-bit: x in chunks of at most 2^31 values, each walked to its end.
+    constexpr std::size_t kChunk = std::size_t{1} << 31;
+    if (count > kChunk) {
+        for (std::size_t start = 0; start < count; start += kChunk)
+            walk_cycles(x + start, std::min(kChunk, count - start), n, domain, block);
+        return;
+    }
     const Gather gather = gather_kernel();
     std::uint64_t pool[kBlock];
-    std::size_t home[kBlock];  // where in x each pooled value belongs
+    Home home[kBlock];  // where in x each pooled value belongs
     std::size_t pooled = 0;
     auto walk = [&] {  // one pass of the pool; the lanes that return leave it
+        for (std::size_t i = 0; i < pooled; ++i) pool[i] = x[home[i]];
         block(pool, pooled);
         std::size_t still = 0;
         for (std::size_t i = 0; i < pooled; ++i) {
             const std::uint64_t v = pool[i];
-            x[home[i]] = v;  // final once v < n; rewritten otherwise
-            pool[still] = v;
+            x[home[i]] = v;  // final once v < n; walked again otherwise
             home[still] = home[i];
             still += v >= n ? 1 : 0;
         }
@@ -233,7 +241,7 @@ void walk_cycles(std::uint64_t* x, std::size_t count, std::uint64_t n, std::uint
         std::uint64_t* values = x + start;
         block(values, m);
         for (std::size_t i = 0; i < m;) {
-            i += gather(values + i, m - i, n, start + i, pool, home, pooled);
+            i += gather(values + i, m - i, n, static_cast<Home>(start + i), home, pooled);
             if (i < m) {  // the pool is full
                 do walk();
                 while (pooled == kBlock);
