@@ -1,6 +1,16 @@
 #include "fastshard/stratify.hpp"
 
+#include "fastshard/clones.hpp"
+
 namespace fastshard {
+
+FASTSHARD_CLONES_MUL64 void consecutive(std::uint64_t* x, std::uint64_t first, std::size_t count) noexcept {
+    for (std::size_t k = 0; k < count; ++k) x[k] = first + k;
+}
+
+FASTSHARD_CLONES_MUL64 void shifted_rows(std::uint64_t* x, std::size_t count, unsigned shift) noexcept {
+    for (std::size_t k = 0; k < count; ++k) x[k] = (x[k] >> shift) + 1;
+}
 
 std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows) {
     if (windows <= (std::uint64_t{1} << 24) / n) return 1;

@@ -126,6 +126,13 @@ struct NoSee {
     void operator()(unsigned, const T*, std::uint64_t, std::uint64_t) const noexcept {}
 };
 
+// read_into_windows's two passes over a run's items (stratify.cpp), compiled per instruction set
+// like the checksum (clones.hpp): x[k] = first + k, and x[k] = (x[k] >> shift) + 1. In the
+// baseline's 2-lane vectors they took 9% of concat's read of 10^8 lengths (bench/RESULTS.md,
+// "Concat's read: narrow rounds").
+void consecutive(std::uint64_t* x, std::uint64_t first, std::size_t count) noexcept;
+void shifted_rows(std::uint64_t* x, std::size_t count, unsigned shift) noexcept;
+
 // The sequential read under window_sums and window_weight_sums: the items in up to parts_max
 // parts, each on a thread of its own; a part calls start(part) first, then for each run of up
 // to 1024 items see(part, data, first, count) and place(part, data, first, rows, count), where
@@ -146,10 +153,13 @@ unsigned read_into_windows(const Lengths& lengths, const Feistel& perm, std::uin
                                 for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
                                     const auto len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
                                     see(part, data, b0, static_cast<std::uint64_t>(len));
-                                    for (std::size_t k = 0; k < len; ++k) rows[k] = b0 + k;
+                                    consecutive(rows, b0, len);
                                     perm.invert(rows, len);  // items -> their positions in the order
-                                    for (std::size_t k = 0; k < len; ++k)  // -> the rows they add into
-                                        rows[k] = (pow2 ? rows[k] >> shift : rows[k] / window) + 1;
+                                    if (pow2) {              // -> the rows they add into
+                                        shifted_rows(rows, len, shift);
+                                    } else {
+                                        for (std::size_t k = 0; k < len; ++k) rows[k] = rows[k] / window + 1;
+                                    }
                                     place(part, data, b0, static_cast<const std::uint64_t*>(rows), len);
                                 }
                             });
