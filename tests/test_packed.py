@@ -374,6 +374,24 @@ def test_bad_input(lengths, kw, err):
         PackedSampler(np.asarray(lengths) if lengths else lengths, num_replicas=1, rank=0, **kw)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_first_bad_length_is_named_whatever_thread_finds_it(threads):
+    # The read's threads claim chunks of 2^16 lengths as they go, so a thread may meet a later
+    # bad length than another one does: the error names the first of them all.
+    import fastshard
+
+    lengths = np.full(400_000, 7, dtype=np.uint32)
+    lengths[[70_000, 250_000, 390_000]] = 0
+    old = fastshard.get_num_threads()
+    fastshard.set_num_threads(threads)
+    try:
+        for _ in range(5):
+            with pytest.raises(ValueError, match=r"lengths\[70000\] = 0"):
+                PackedSampler(lengths, 64, num_replicas=1, rank=0)
+    finally:
+        fastshard.set_num_threads(old)
+
+
 def test_lengths_must_match_offsets():
     lengths, offsets, tokens = corpus(50)
     bad = lengths.copy()

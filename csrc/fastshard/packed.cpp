@@ -324,8 +324,9 @@ ConcatStart concat_start(const Lengths& lengths, std::uint64_t seq_len, bool ove
     if (sequential) {
         u128 total = 0;
         std::uint64_t checksum = 0;
-        for (const CheckPart& p : parts) {  // parts in item order: the first bad item is the first found
-            if (p.first >= 0 && r.scan.first_nonpositive < 0) r.scan.first_nonpositive = p.first;
+        for (const CheckPart& p : parts) {  // each part's first bad item; the first of them
+            if (p.first >= 0 && (r.scan.first_nonpositive < 0 || p.first < r.scan.first_nonpositive))
+                r.scan.first_nonpositive = p.first;
             total += p.total;
             checksum += p.checksum;
         }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <thread>
@@ -54,6 +55,24 @@ unsigned parallel_for(std::uint64_t count, unsigned threads, std::uint64_t min_p
     for (const auto& e : errors)
         if (e) std::rethrow_exception(e);
     return t;
+}
+
+// Calls start(part) once for each of up to `threads` parts, then fn(part, begin, length) for
+// chunks of `chunk` items of [0, count) (the last one shorter), which the parts claim one at a
+// time, in increasing order, as they finish the one before: a part that another process slows
+// down takes fewer chunks, instead of the others waiting for it at the end. The chunks a part
+// gets come to it in increasing order. Returns the number of parts; exceptions as parallel_for.
+template <class Start, class Fn>
+unsigned parallel_chunks(std::uint64_t count, unsigned threads, std::uint64_t chunk, Start&& start, Fn&& fn) {
+    if (chunk == 0) chunk = 1;
+    const std::uint64_t chunks = count / chunk + (count % chunk != 0 ? 1 : 0);
+    std::atomic<std::uint64_t> next{0};
+    return parallel_for(chunks, threads, 1, [&](unsigned part, std::uint64_t, std::uint64_t) {
+        start(part);
+        for (std::uint64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+             c = next.fetch_add(1, std::memory_order_relaxed))
+            fn(part, c * chunk, std::min(chunk, count - c * chunk));
+    });
 }
 
 }  // namespace fastshard

@@ -134,8 +134,10 @@ void consecutive(std::uint64_t* x, std::uint64_t first, std::size_t count) noexc
 void shifted_rows(std::uint64_t* x, std::size_t count, unsigned shift) noexcept;
 
 // The sequential read under window_sums and window_weight_sums: the items in up to parts_max
-// parts, each on a thread of its own; a part calls start(part) first, then for each run of up
-// to 1024 items see(part, data, first, count) and place(part, data, first, rows, count), where
+// parts, each on a thread of its own, which claim chunks of 2^16 items as they go
+// (parallel_chunks: on a shared machine a slowed thread does not hold the others up); a part
+// calls start(part) first, then for each run of up to 1024 items, in increasing order within
+// the part, see(part, data, first, count) and place(part, data, first, rows, count), where
 // rows[k] is 1 + the window of item first + k's position in the order (row 0 stays for the
 // prefix sums' zero). Returns the number of parts.
 template <class Start, class See, class Place>
@@ -146,9 +148,8 @@ unsigned read_into_windows(const Lengths& lengths, const Feistel& perm, std::uin
     while (pow2 && (std::uint64_t{1} << shift) < window) ++shift;
     constexpr std::uint64_t kBlock = 1024;
     return with_data(lengths, [&](const auto* data) {
-        return parallel_for(lengths.n, parts_max, std::uint64_t{1} << 16,
-                            [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
-                                start(part);
+        return parallel_chunks(lengths.n, parts_max, std::uint64_t{1} << 16, start,
+                               [&](unsigned part, std::uint64_t i0, std::uint64_t count) {
                                 std::uint64_t rows[kBlock];
                                 for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
                                     const auto len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
