@@ -140,6 +140,11 @@ void shifted_rows(std::uint64_t* x, std::size_t count, unsigned shift) noexcept;
 // the part, see(part, data, first, count) and place(part, data, first, rows, count), where
 // rows[k] is 1 + the window of item first + k's position in the order (row 0 stays for the
 // prefix sums' zero). Returns the number of parts.
+//
+// The lengths are read in 4 KiB runs (1024 uint32), where the hardware's prefetch starts over at
+// each page: each run prefetches the run after next into L2. Measured with concat_start at 10^8
+// uint32 lengths on this project's 2-core AMD EPYC VM, 9 alternated runs: one thread, median
+// 4.31 -> 4.02 ns an item; two threads 2.05 -> 2.00 (into L1 instead: slower than none).
 template <class Start, class See, class Place>
 unsigned read_into_windows(const Lengths& lengths, const Feistel& perm, std::uint64_t window, unsigned parts_max,
                            Start&& start, See&& see, Place&& place) {
@@ -153,6 +158,13 @@ unsigned read_into_windows(const Lengths& lengths, const Feistel& perm, std::uin
                                 std::uint64_t rows[kBlock];
                                 for (std::uint64_t b0 = i0; b0 < i0 + count; b0 += kBlock) {
                                     const auto len = static_cast<std::size_t>(std::min(kBlock, i0 + count - b0));
+#if defined(__GNUC__) || defined(__clang__)
+                                    if (b0 + 2 * kBlock < i0 + count) {  // the run after next, into L2
+                                        const char* ahead = reinterpret_cast<const char*>(data + b0 + 2 * kBlock);
+                                        for (std::size_t off = 0; off < kBlock * sizeof(*data); off += 64)
+                                            __builtin_prefetch(ahead + off, 0, 1);
+                                    }
+#endif
                                     see(part, data, b0, static_cast<std::uint64_t>(len));
                                     consecutive(rows, b0, len);
                                     perm.invert(rows, len);  // items -> their positions in the order
