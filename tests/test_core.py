@@ -411,20 +411,20 @@ def test_feistel_invert_random_points_of_large_domains(n):
 _M64, _M32 = 2**64 - 1, 2**32 - 1
 
 
-def _mix64(x):
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _M64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
+def _xorshift_multiply(x, shifts, multipliers, mask):
+    """x ^= x >> s, then x *= m, for each pair; then x ^= x >> (the last shift)."""
+    for shift, m in zip(shifts, multipliers):
+        x ^= x >> shift
+        x = (x * m) & mask
+    return x ^ (x >> shifts[-1])
 
 
-def _hash32(x):
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & _M32
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
+def _mix64(x):  # mix.hpp's mix64 (SplitMix64's finalizer)
+    return _xorshift_multiply(x, (30, 27, 31), (0xBF58476D1CE4E5B9, 0x94D049BB133111EB), _M64)
+
+
+def _hash32(x):  # mix.hpp's hash32 (lowbias32)
+    return _xorshift_multiply(x, (16, 15, 16), (0x7FEB352D, 0x846CA68B), _M32)
 
 
 def _reference_network(n, seed, domain):
