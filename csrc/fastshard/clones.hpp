@@ -16,7 +16,8 @@
 #define FASTSHARD_TARGET_AVX2 __attribute__((target("avx2")))
 #if !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 12
 // 64-bit lanes (the lengths checksum's multiplies, read_into_windows's passes): vpmullq needs
-// AVX-512DQ, and on 256-bit vectors VL, which x86-64-v4 names together. GCC >= 12 takes an `arch=` clone; Clang gets one version.
+// AVX-512DQ, and on 256-bit vectors VL, which x86-64-v4 names together. GCC >= 12 takes an
+// `arch=` clone; Clang gets one version.
 // (GCC only, so always resolved by libgcc's working __cpu_indicator_init.)
 #define FASTSHARD_CLONES_MUL64 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif

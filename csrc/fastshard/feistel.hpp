@@ -50,7 +50,7 @@ class Feistel {
     }
 
   private:
-    // One pass of the network over [0, 2^k), no cycle walking, on count <= 64 values.
+    // One pass of the network over [0, 2^k), no cycle walking, on count <= 128 values (a block).
     void encrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
     void decrypt_block(std::uint64_t* x, std::size_t count) const noexcept;
     // The network's domain [0, 2^k), k = hi_bits_ + lo_bits_.
