@@ -40,6 +40,7 @@ StreamEpoch::StreamEpoch(std::shared_ptr<const StreamLayout> layout, std::uint64
     : layout_(std::move(layout)),
       order_(shuffle ? Feistel(layout_->chunks(), derive_key(kStreamDomain, layout_->chunks(), seed, epoch))
                      : Feistel(0, 0)),
+      lane_order_(shuffle ? Feistel(lanes, derive_key(kStreamDomain + 2, lanes, seed, epoch)) : Feistel(0, 0)),
       shuffle_(shuffle),
       lanes_(lanes),
       window_(window),
@@ -67,11 +68,21 @@ StreamEpoch::StreamEpoch(std::shared_ptr<const StreamLayout> layout, std::uint64
     flush();
     std::uint64_t sum = 0;
     for (auto& e : ends_) e = sum += e;
+    // The stretches of the long lanes, in stream order: a lane starts after the stretches that
+    // precede its own, of which those of long lanes are one row longer.
+    if (shuffle_) {
+        longs_.resize(rows() % lanes_);
+        for (std::uint64_t l = 0; l < longs_.size(); ++l) longs_[l] = l;
+        lane_order_.apply(longs_.data(), longs_.size());
+        std::sort(longs_.begin(), longs_.end());
+    }
 }
 
-std::uint64_t StreamEpoch::lane_start(std::uint64_t l) const noexcept {
-    const std::uint64_t n = rows();
-    return l * (n / lanes_) + std::min(l, n % lanes_);
+std::uint64_t StreamEpoch::lane_start(std::uint64_t l) const {
+    const std::uint64_t m = rows() / lanes_;
+    if (!shuffle_) return l * m + std::min(l, rows() % lanes_);
+    const std::uint64_t j = lane_order_(l);
+    return j * m + static_cast<std::uint64_t>(std::lower_bound(longs_.begin(), longs_.end(), j) - longs_.begin());
 }
 
 std::uint64_t StreamEpoch::lane_length(std::uint64_t l) const noexcept {

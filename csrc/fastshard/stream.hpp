@@ -8,19 +8,25 @@
 //      one chunk per non-empty shard); the chunks are put in a keyed order (a Feistel
 //      permutation of the chunk indices, per seed and epoch) and concatenated: the epoch's
 //      *stream*, N rows long.
-//   2. Lanes. The stream is cut into L lanes of equal length (floor(N/L), the first N mod L one
-//      row longer): lane l is the stream range [start(l), start(l) + length(l)). The global
-//      sequence interleaves the lanes round robin: position p is row q = p div L of lane
+//   2. Lanes. The stream is cut into L contiguous stretches, one per lane: lane l has
+//      floor(N/L) rows, one more for l < N mod L, and is the sigma(l)-th stretch of the stream,
+//      sigma a keyed permutation of [0, L) per seed and epoch (a Feistel network; the identity
+//      when not shuffled). Lane l is the stream range [start(l), start(l) + length(l)). The
+//      global sequence interleaves the lanes round robin: position p is row q = p div L of lane
 //      p mod L. A reader that owns a lane reads it front to back, so the lanes are the job's
-//      concurrent sequential reads.
+//      concurrent sequential reads. Because of sigma, consecutive lanes (the lanes of one
+//      global batch) lie anywhere in the stream rather than in one stretch of it, so a batch
+//      holds about as many shards as a global shuffle would give it, with whole shards as
+//      chunks.
 //   3. Windows. Each lane's rows are taken in windows of `window` consecutive rows, and inside
 //      a window in a keyed order: lane row q is stream row start(l) + w*window + pi(q mod window)
 //      with w = q div window and pi a permutation of the window drawn per (seed, epoch, lane, w).
 //      A reader holds one window per lane: the local shuffle.
 //
-// Memory: one 64-bit word per chunk (the stream end of each chunk in the epoch's order) and one
-// per shard (its first chunk); O(number of shards) at most, as the chunks of a shard are
-// computed, not stored. Time: O(chunks) per epoch to build, O(log chunks) per segment lookup.
+// Memory: one 64-bit word per chunk (the stream end of each chunk in the epoch's order), one per
+// shard (its first chunk) and one per long lane (below N mod L); the chunks of a shard are
+// computed, not stored. Time: O(chunks + L log L) per epoch to build, O(log chunks) per segment
+// lookup, O(log L) per lane start.
 #pragma once
 
 #include <cstdint>
@@ -89,7 +95,7 @@ class StreamEpoch {
     std::uint64_t window() const noexcept { return window_; }
 
     // Lane l < lanes(): its first stream row and its length.
-    std::uint64_t lane_start(std::uint64_t l) const noexcept;
+    std::uint64_t lane_start(std::uint64_t l) const;
     std::uint64_t lane_length(std::uint64_t l) const noexcept;
 
     // The reads that cover stream rows [lo, hi) (hi <= rows()), in stream order; appended.
@@ -117,10 +123,12 @@ class StreamEpoch {
 
   private:
     std::shared_ptr<const StreamLayout> layout_;
-    Feistel order_;  // stream index -> chunk index (identity when not shuffled)
+    Feistel order_;       // stream index -> chunk index (identity when not shuffled)
+    Feistel lane_order_;  // sigma: lane -> its stretch of the stream (identity when not shuffled)
     bool shuffle_;
     std::uint64_t lanes_, window_, window_key_;
-    std::vector<std::uint64_t> ends_;  // ends_[i]: stream end of the i-th chunk of the order
+    std::vector<std::uint64_t> ends_;   // ends_[i]: stream end of the i-th chunk of the order
+    std::vector<std::uint64_t> longs_;  // sorted sigma(l) of the long lanes (l < N mod L)
 };
 
 }  // namespace fastshard
