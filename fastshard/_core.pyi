@@ -352,6 +352,8 @@ def packed_shard(
 
 STREAM_DOMAIN: int
 
+def compare_swap(words: npt.NDArray[np.int64], index: int, expected: int, desired: int) -> int: ...
+
 class StreamLayout:
     def __init__(self, sizes: npt.NDArray[np.int64], chunk_rows: int) -> None: ...
     @property

@@ -18,7 +18,11 @@ which reads the lane's windows and keeps its own rows (docs/streams.md gives the
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
@@ -36,9 +40,9 @@ from ._warnings import EpochWarning
 LANES_PER_BATCH = 8
 DEFAULT_WINDOW = 16
 
-# DataLoader workers per rank whose completed passes the stream's board records (a worker with
-# a larger id still reads its share; only the auto_epoch/EpochWarning bookkeeping skips it).
-BOARD_WORKERS = 256
+# The most chunks an epoch's plan may hold: it keeps one 64-bit word per chunk (128 MiB at this
+# bound), in every process that reads the stream.
+MAX_CHUNKS = 2**24
 
 # accelerate's wrapper that iterates an IterableDataset on every process and keeps 1/W of it.
 _ITERABLE_SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
@@ -87,6 +91,166 @@ class ShardReadError(RuntimeError):
     ...     print(str(err).split(" items")[0])
     read(0, 0, 3) yielded 2
     """
+
+
+class _EpochBoard:
+    """Which epoch each iteration of a stream reads, in memory shared by every copy of the
+    stream: the main process's and every DataLoader worker's, of every generation (fresh
+    workers are forked or spawned from the main process's copy; persistent ones keep theirs).
+
+    It holds the base (the epoch, cursor and lanes that ``set_epoch``, ``load_state_dict`` or
+    the construction set) and the latest iterations since: each one's key, epoch, cursor,
+    lanes and which workers joined it. The first copy to start an iteration decides its epoch
+    under a lock (the base for the first iteration; with ``auto_epoch``, the previous
+    iteration's epoch + 1 for each later one); every other worker of the same iteration finds
+    its key and reads the same entry. So the workers of one iteration agree by construction,
+    whatever their timing. A worker that joins an entry it already joined has started a new
+    iteration that happens to have the same key (a DataLoader seeded identically twice).
+
+    Words: 0 the lock (the holder's pid, 0 when free), 1-3 the base (epoch, cursor, lanes), 4
+    the iterations recorded since the base, 5 whether a worker started one, then a ring of
+    ``ENTRIES`` entries of ``ENTRY`` words: key, epoch, cursor, lanes, whether it repeats its
+    predecessor's epoch, the joined workers' bits (``MASK_WORDS`` words; workers past them
+    join without a bit).
+    """
+
+    MASK_WORDS = 4
+    ENTRY = 5 + MASK_WORDS
+    ENTRIES = 8
+    HEADER = 6
+    LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds
+
+    def __init__(self) -> None:
+        size = self.HEADER + self.ENTRIES * self.ENTRY
+        self.words = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"words": self.words}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        words = state["words"]
+        # A DataLoader worker receives the shared tensor itself (torch's multiprocessing
+        # reductions); a plain pickle or deepcopy receives a copy, which becomes a new board.
+        if not words.is_shared():
+            words.share_memory_()
+        self.words = words
+
+    # -- the lock ---------------------------------------------------------------------------
+    def _acquire(self, words: np.ndarray) -> None:
+        me = os.getpid()
+        deadline = time.monotonic() + self.LOCK_TIMEOUT
+        pause = 1e-5
+        while True:
+            holder = _core.compare_swap(words, 0, 0, me)
+            if holder == 0:
+                return
+            if holder != me and not _alive(holder):
+                # A process that died holding the lock (killed inside iter()) frees it.
+                if _core.compare_swap(words, 0, holder, me) == holder:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"fastshard.ShardedStream: the epoch board's lock was held by process "
+                    f"{holder} for over {self.LOCK_TIMEOUT:.0f} s"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-2)
+
+    def _release(self, words: np.ndarray) -> None:
+        _core.compare_swap(words, 0, os.getpid(), 0)
+
+    # -- operations -------------------------------------------------------------------------
+    def reset(self, epoch: int, cursor: int, lanes: int) -> None:
+        """A new base: the next iteration reads ``epoch`` from ``cursor`` over ``lanes``."""
+        words = self.words.numpy()
+        self._acquire(words)
+        try:
+            words[1:4] = (_distributed._signed(epoch), cursor, lanes)
+            words[4:6] = 0
+        finally:
+            self._release(words)
+
+    def read_by_workers(self) -> bool:
+        """Whether a DataLoader worker started an iteration since the base."""
+        return bool(self.words[5])
+
+    def join(
+        self,
+        key: int,
+        worker: int,
+        workers: int,
+        resume: tuple[int, int, int] | None,
+        auto_epoch: bool,
+        lanes: int,
+    ) -> tuple[int, int, int, bool]:
+        """(epoch, cursor, lanes, repeated) of the iteration ``key`` that worker ``worker``
+        of ``workers`` (0 of 1 in the main process) is starting. ``resume``: the pass a
+        ``load_state_dict`` on this copy set, which a new iteration reads. ``repeated``: a
+        new iteration without ``auto_epoch`` reads the epoch its predecessor read."""
+        words = self.words.numpy()
+        self._acquire(words)
+        try:
+            count = int(words[4])
+            word, bit = divmod(worker, 64)
+            for back in range(min(count, self.ENTRIES)):
+                at = self.HEADER + ((count - 1 - back) % self.ENTRIES) * self.ENTRY
+                if words[at] != key:
+                    continue
+                if word < self.MASK_WORDS:
+                    mask = int(words[at + 5 + word]) % 2**64
+                    if mask >> bit & 1:
+                        break  # this worker joined it already: a new iteration, same key
+                    words[at + 5 + word] = _distributed._signed(mask | 1 << bit)
+                epoch, cursor, lanes, repeated = (int(w) for w in words[at + 1 : at + 5])
+                return epoch, cursor, lanes, bool(repeated)
+            repeated = False
+            if resume is not None:
+                epoch, cursor, lanes = resume
+            elif count == 0:
+                epoch, cursor, lanes = int(words[1]), int(words[2]), int(words[3])
+            else:
+                last = self.HEADER + ((count - 1) % self.ENTRIES) * self.ENTRY
+                previous = int(words[last + 1])
+                epoch, cursor = (previous + 1, 0) if auto_epoch else (int(words[1]), 0)
+                repeated = not auto_epoch and epoch == previous
+            at = self.HEADER + (count % self.ENTRIES) * self.ENTRY
+            words[at : at + self.ENTRY] = 0
+            words[at : at + 5] = (key, _distributed._signed(epoch), cursor, lanes, repeated)
+            if word < self.MASK_WORDS:
+                words[at + 5 + word] = _distributed._signed(1 << bit)
+            words[4] = count + 1
+            if workers > 1 or get_worker_info() is not None:
+                words[5] = 1
+            return epoch, cursor, lanes, repeated
+        finally:
+            self._release(words)
+
+    def restore(self, key: int, epoch: int, cursor: int) -> None:
+        """An iterator of iteration ``key`` was restored to ``epoch`` from ``cursor`` (a
+        loader's checkpoint): later iterations count from it."""
+        words = self.words.numpy()
+        self._acquire(words)
+        try:
+            count = int(words[4])
+            for back in range(min(count, self.ENTRIES)):
+                at = self.HEADER + ((count - 1 - back) % self.ENTRIES) * self.ENTRY
+                if words[at] == key:
+                    words[at + 1 : at + 3] = (_distributed._signed(epoch), cursor)
+                    return
+        finally:
+            self._release(words)
+
+
+def _alive(pid: int) -> bool:
+    if sys.platform == "win32":  # os.kill(pid, 0) would send CTRL_C_EVENT there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, or no permission to ask: assume alive
+        return True
+    return True
 
 
 class ShardedStream(IterableDataset[Any]):
@@ -199,24 +363,32 @@ class ShardedStream(IterableDataset[Any]):
         self.drop_last = _validate.flag(drop_last, "drop_last")
         self.check_consistency = _validate.flag(check_consistency, "check_consistency")
         self.auto_epoch = _validate.flag(auto_epoch, "auto_epoch")
+        # lanes=None: the default, which a resumed epoch may replace by the saved one.
+        self._lanes_given = lanes is not None
         if lanes is None:
             lanes = LANES_PER_BATCH * self.batch_size * self.num_replicas
         self.lanes = _validate.in_range(lanes, "lanes", 1, _validate.MAX_LENGTH)
         self.shard_sizes = sizes
         self._layout_cache: _core.StreamLayout | None = None
-        self._plans: tuple[int, _core.StreamEpoch] | None = None  # (epoch, its compiled plan)
+        # (epoch, lanes, the compiled plan)
+        self._plans: tuple[int, int, _core.StreamEpoch] | None = None
         layout = self._layout()  # checks that the sizes sum below 2**63
+        if layout.chunks > MAX_CHUNKS:
+            smallest = -(-int(sizes.max()) // MAX_CHUNKS) if chunk_size else 0
+            raise ValueError(
+                f"chunk_size={chunk_size} cuts the shards into {layout.chunks} chunks; an "
+                f"epoch's plan holds 8 bytes per chunk in every reading process, and at most "
+                f"{MAX_CHUNKS} chunks are allowed: use a chunk_size of at least "
+                f"{max(smallest, -(-int(layout.rows) // MAX_CHUNKS))}"
+            )
         self.num_rows = int(layout.rows)
         self.sizes_checksum = int(_core.scan_lengths(sizes)[3])
         self.seed = _distributed.random_seed() if seed is None else _validate.integer(seed, "seed")
         self._epoch_warned = False
-        # Shared memory, so that it outlives the DataLoader workers, which each iterate their
-        # own copy of the stream and are started afresh every epoch: row w holds (1, epoch)
-        # once worker w read that epoch to its end ((0, 0): nothing since the last set_epoch
-        # or load_state_dict). The next generation of workers learns from it which epoch the
-        # previous one finished.
-        self._board = torch.zeros(BOARD_WORKERS, 2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._iterations = 0  # iterations this copy started (a persistent worker counts them)
+        self._board = _EpochBoard()
         self._start_pass(0, 0)
+        self._board.reset(0, 0, self.lanes)
         _distributed.check(self)
 
     # -- plan -------------------------------------------------------------------------------
@@ -228,39 +400,46 @@ class ShardedStream(IterableDataset[Any]):
                 raise ValueError(f"shard_sizes: {err}") from None
         return self._layout_cache
 
-    def _plan(self, epoch: int) -> _core.StreamEpoch:
+    def _plan(self, epoch: int, lanes: int | None = None) -> _core.StreamEpoch:
+        lanes = self._pass_lanes if lanes is None else lanes
         cached = self._plans
-        if cached is None or cached[0] != epoch:
+        if cached is None or cached[:2] != (epoch, lanes):
             plan = _core.StreamEpoch(
                 self._layout(),
                 self.seed % 2**64,
                 epoch % 2**64,
                 self.shuffle,
-                self.lanes,
+                lanes,
                 self.window,
             )
-            self._plans = cached = (epoch, plan)
-        return cached[1]
+            self._plans = cached = (epoch, lanes, plan)
+        return cached[2]
 
     def _lengths(self, cursor: int) -> tuple[int, int]:
         return _core.plan_lengths(
             self.num_rows, self.num_replicas, self.rank, self.drop_last, self.pad, cursor
         )
 
-    def _start_pass(self, epoch: int, cursor: int, resumed: bool = False) -> None:
+    def _start_pass(
+        self, epoch: int, cursor: int, resumed: bool = False, lanes: int | None = None
+    ) -> None:
+        """The pass that the next iteration of this copy reads: ``epoch`` from ``cursor`` on,
+        laid out over ``lanes`` (the stream's own unless a resumed epoch was saved with
+        others)."""
         self.__dict__["epoch"] = epoch
         self._cursor = cursor
+        self._pass_lanes = self.lanes if lanes is None else lanes
         self._resume_pending = resumed
         self._iterator: _StreamIterator | None = None
 
-    def _config(self) -> dict[str, Any]:
+    def _config(self, lanes: int | None = None) -> dict[str, Any]:
         return {
             "rows": self.num_rows,
             "shards": len(self.shard_sizes),
             "sizes_checksum": self.sizes_checksum,
             "seed": self.seed % 2**64,
             "shuffle": self.shuffle,
-            "lanes": self.lanes,
+            "lanes": self._pass_lanes if lanes is None else lanes,
             "window": self.window,
             "chunk_size": self.chunk_size or 0,
             "drop_last": self.drop_last,
@@ -268,7 +447,9 @@ class ShardedStream(IterableDataset[Any]):
         }
 
     def _resume_point(self) -> dict[str, Any]:
-        return {"cursor": self._cursor}
+        # batch_size joins the guard: it is not part of the order (a state resumes at another
+        # batch size), but ranks with different ones would run different numbers of steps.
+        return {"cursor": self._cursor, "batch_size": self.batch_size}
 
     # -- epochs -----------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -313,50 +494,54 @@ class ShardedStream(IterableDataset[Any]):
         _frameworks.check_not_resharded(self, *_frameworks.accelerate_split(_ITERABLE_SPLITTERS))
         if not (self._resume_pending and epoch == self.epoch):
             self._start_pass(epoch, 0)
-            self._board.zero_()
+            self._board.reset(epoch, 0, self.lanes)
         _distributed.check(self)
 
-    def _finished_epoch(self, workers: int) -> int | None:
-        """The epoch this copy's latest iterator read to its end; or, for a fresh copy in a
-        new generation of DataLoader workers, the epoch every worker of the previous
-        generation read to its end, as the board records; None when neither."""
-        it = self._iterator
-        if it is not None:
-            return it.epoch if it.done else None
-        if get_worker_info() is None or workers > BOARD_WORKERS:
-            return None
-        rows = self._board[:workers].tolist()
-        if rows[0][0] != 1 or any(row != rows[0] for row in rows):
-            return None
-        return int(rows[0][1])
+    def _iteration_key(self) -> tuple[int, int, int]:
+        """(key, worker, workers) of the iteration this copy is starting. The workers of one
+        DataLoader iteration share a key by construction: the DataLoader draws a base seed per
+        iterator and gives worker w the seed base + w, and a persistent worker counts the
+        iterations it was asked for (every worker is told of every one). An iteration in the
+        main process gets a key of its own."""
+        self._iterations += 1
+        info = get_worker_info()
+        if info is None:
+            return int.from_bytes(os.urandom(8), "little") >> 1, 0, 1
+        base = (int(info.seed) - int(info.id)) % 2**64
+        digest = hashlib.blake2b(f"{base}/{self._iterations}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1, int(info.id), int(info.num_workers)
 
-    def _begin_iteration(self, workers: int) -> str | None:
-        """Advance the epoch after one read to its end (auto_epoch); else return the warning
-        that the epoch repeats (once per copy), which the iterator gives at its first item:
-        raised from ``iter()`` in a DataLoader worker, an error would end the worker without
-        its message."""
-        finished = self._finished_epoch(workers)
+    def _begin_iteration(self) -> tuple[int, int, int, str | None]:
+        """(epoch, cursor, lanes) of the iteration starting in this copy, and the warning that
+        its epoch repeats the previous iteration's order (given at the first item: raised
+        from ``iter()`` in a DataLoader worker, an error would end the worker without its
+        message)."""
+        key, worker, workers = self._iteration_key()
+        resume = (self.epoch, self._cursor, self._pass_lanes) if self._resume_pending else None
         self._resume_pending = False
-        if finished is None:
-            return None
-        if self.auto_epoch:
-            self._start_pass(finished + 1, 0)
-        elif self.shuffle and not self._epoch_warned:
-            self._epoch_warned = True
-            where = (
-                " (in a DataLoader worker). Call stream.set_epoch(epoch) in the main process "
-                "before each epoch, which the workers receive when the epoch's iteration "
-                "starts (not with persistent_workers=True, whose workers keep their copy), or "
-                "build the stream with auto_epoch=True, which advances in the workers too"
-                if get_worker_info() is not None
-                else ". Call stream.set_epoch(epoch) before each epoch or build the stream with "
-                "auto_epoch=True"
-            )
-            return (
-                f"fastshard.ShardedStream: a new iteration started at epoch {self.epoch}, which "
-                f"was already read to its end, so it repeats the same order{where}."
-            )
-        return None
+        epoch, cursor, lanes, repeated = self._board.join(
+            key, worker, workers, resume, self.auto_epoch, self.lanes
+        )
+        self._start_pass(epoch, cursor, lanes=lanes)
+        self._key = key
+        if not (repeated and self.shuffle) or self._epoch_warned or worker != 0:
+            return epoch, cursor, lanes, None
+        self._epoch_warned = True
+        where = (
+            " (in a DataLoader worker). Call stream.set_epoch(epoch) in the main process "
+            "before each epoch, which reaches the workers (persistent ones too), or build the "
+            "stream with auto_epoch=True, which starts the next epoch at every new iteration"
+            if get_worker_info() is not None
+            else ". Call stream.set_epoch(epoch) before each epoch or build the stream with "
+            "auto_epoch=True"
+        )
+        return (
+            epoch,
+            cursor,
+            lanes,
+            f"fastshard.ShardedStream: a new iteration started at epoch {epoch}, which an "
+            f"earlier iteration already read, so it repeats the same order{where}.",
+        )
 
     # -- lengths ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -377,6 +562,12 @@ class ShardedStream(IterableDataset[Any]):
         for torchdata (``state_dict``/``load_state_dict``) and counts ``reads``,
         ``rows_read`` and ``yielded``.
 
+        Every call starts an iteration: the first after construction, ``set_epoch`` or
+        ``load_state_dict`` reads the epoch (and, after a resume, the rest of it) they set;
+        with ``auto_epoch=True`` each later one reads the next epoch, whether or not the
+        previous one was read to its end. All the workers of one DataLoader iteration read
+        the same epoch.
+
         Raises
         ------
         fastshard.ReshardedError
@@ -385,23 +576,29 @@ class ShardedStream(IterableDataset[Any]):
         splitter = _frameworks.accelerate_split(_ITERABLE_SPLITTERS)
         _frameworks.check_not_resharded(self, *splitter)
         info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, cursor, lanes, repeat = self._begin_iteration()
         if info is None:
             _distributed.check(self)
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        repeat = self._begin_iteration(workers)
-        it = _StreamIterator(self, self.epoch, self._cursor, worker, workers)
+        it = _StreamIterator(self, epoch, cursor, worker, workers, lanes)
+        it.key = self._key
         it.warnings = [] if repeat is None else [(repeat, EpochWarning)]
         readers = self.batch_size * self.num_replicas * workers
-        if self.lanes % readers and worker == 0:
-            sharing = readers // math.gcd(self.lanes, readers)
+        if lanes % readers and worker == 0:
+            sharing = readers // math.gcd(lanes, readers)
             it.warnings.append(
                 (
-                    f"fastshard.ShardedStream: lanes={self.lanes} is not a multiple of "
+                    f"fastshard.ShardedStream: lanes={lanes} is not a multiple of "
                     f"batch_size * num_replicas * num_workers = {self.batch_size} * "
                     f"{self.num_replicas} * {workers} = {readers}, so each lane is read by up "
                     f"to {sharing} readers, each reading up to {sharing}x the rows it yields. "
-                    f"Build the stream with lanes a multiple of {readers} (the same lanes on "
-                    "resume: they define the order).",
+                    + (
+                        f"The lanes are those of the epoch resumed from a checkpoint; the "
+                        f"next epoch uses {self.lanes}."
+                        if lanes != self.lanes
+                        else f"Build the stream with lanes a multiple of {readers} (the same "
+                        "lanes on resume: they define the order)."
+                    ),
                     ReadAmplificationWarning,
                 )
             )
@@ -422,6 +619,14 @@ class ShardedStream(IterableDataset[Any]):
             ``version``, the configuration (rows, shards, a checksum of the sizes, seed,
             shuffle, lanes, window, chunk_size, drop_last, pad), ``epoch`` and ``cursor``.
 
+        Raises
+        ------
+        RuntimeError
+            In the main process of a stream that DataLoader workers read since the last
+            ``set_epoch`` or ``load_state_dict``: this copy does not see what the workers
+            yielded, and a state from it would restart the epoch. Checkpoint the loader
+            (torchdata's ``StatefulDataLoader``) instead.
+
         Examples
         --------
         >>> stream = fastshard.ShardedStream(
@@ -432,9 +637,19 @@ class ShardedStream(IterableDataset[Any]):
         >>> stream.state_dict()["cursor"]  # 3 items on each of the 2 ranks
         6
         """
+        if get_worker_info() is None and self._board.read_by_workers():
+            raise RuntimeError(
+                "ShardedStream.state_dict() in the main process of a stream that DataLoader "
+                "workers read: the workers iterate their own copies, so this one does not know "
+                "how far they got, and its state would restart the epoch. Checkpoint the "
+                "loader instead: torchdata.stateful_dataloader.StatefulDataLoader(stream, ...)"
+                ".state_dict(), which stream.load_state_dict() reads on any number of ranks and "
+                "workers (docs/streams.md, Resume)."
+            )
         it = self._iterator
         cursor = self._cursor if it is None else it.global_cursor()
-        return _state.make(self._config(), self.epoch, min(cursor, self.num_rows))
+        lanes = self._pass_lanes if it is None else it.lanes
+        return _state.make(self._config(lanes), self.epoch, min(cursor, self.num_rows))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a checkpoint saved on any number of ranks and workers: a state of
@@ -447,11 +662,16 @@ class ShardedStream(IterableDataset[Any]):
         state : dict
             The stream's or the loader's state.
 
+        A stream built with the default ``lanes`` (``lanes=None``) reads the rest of the
+        saved epoch with the lanes it was saved with (the default depends on the batch size
+        and the number of ranks, which may have changed), and its own from the next epoch
+        on. An explicit ``lanes`` must equal the saved one.
+
         Raises
         ------
         ValueError, TypeError
-            A state of another configuration (sizes, seed, lanes, ...) or not a stream's;
-            the stream is left unchanged.
+            A state of another configuration (sizes, seed, an explicit lanes, ...) or not a
+            stream's; the stream is left unchanged.
         fastshard.InconsistentRanksError
             On every rank, when the ranks load different states.
 
@@ -469,11 +689,27 @@ class ShardedStream(IterableDataset[Any]):
         readers = _reader_states(state)
         if readers:
             state = _merge_readers(readers, _steps_since_snapshot(state))
-        epoch, cursor, _ = _state.check(state, self._config())
-        self._start_pass(epoch, cursor, resumed=True)
+        lanes = self._saved_lanes(state)
+        epoch, cursor, _ = _state.check(state, self._config(lanes))
+        self._start_pass(epoch, cursor, resumed=True, lanes=lanes)
         if get_worker_info() is None:  # a worker restoring its own copy leaves the board alone
-            self._board.zero_()
+            self._board.reset(epoch, cursor, lanes)
         _distributed.check(self)
+
+    def _saved_lanes(self, state: Any) -> int:
+        """The lanes a state's epoch resumes with: the saved ones for a stream of default
+        lanes; an explicit lanes must equal them."""
+        saved = state.get("lanes") if isinstance(state, dict) else None
+        if type(saved) is not int or saved < 1:
+            return self.lanes  # _state.check names what is wrong with the state
+        if self._lanes_given and saved != self.lanes:
+            raise ValueError(
+                f"state was saved with lanes={saved} but this stream has lanes={self.lanes}: "
+                f"the lanes define the epoch's order. Build the stream with lanes={saved} (or "
+                "with the default lanes=None, which reads the rest of the saved epoch with the "
+                "saved lanes and its own default from the next epoch on)"
+            )
+        return saved
 
     def __getstate__(self) -> dict[str, Any]:
         # Compiled plans are rebuilt where the stream is used (a worker builds its own).
@@ -566,11 +802,19 @@ class _StreamIterator(Iterator[Any]):
     worker) is the pass's start and how many items this reader yielded."""
 
     def __init__(
-        self, stream: ShardedStream, epoch: int, cursor: int, worker: int, workers: int
+        self,
+        stream: ShardedStream,
+        epoch: int,
+        cursor: int,
+        worker: int,
+        workers: int,
+        lanes: int | None = None,
     ) -> None:
         self.stream = stream
         self.epoch = epoch
         self.cursor = cursor
+        self.lanes = stream.lanes if lanes is None else lanes
+        self.key = 0  # the iteration's key on the stream's epoch board
         self.worker = worker
         self.workers = workers
         self.yielded = 0
@@ -603,13 +847,7 @@ class _StreamIterator(Iterator[Any]):
     def _finish(self) -> None:
         if not self.done:
             self.done = True
-            for lane in self._lanes.values():
-                lane.close()
-            self._lanes.clear()
-            if self.worker < BOARD_WORKERS:
-                self.stream._board[self.worker] = torch.tensor(
-                    [1, _distributed._signed(self.epoch)]
-                )
+            self.close()
 
     def close(self) -> None:
         """Close the open reads (the iterator yields nothing more)."""
@@ -643,7 +881,7 @@ class _StreamIterator(Iterator[Any]):
         lo = (self.worker + j * self.workers) * b
         if lo >= count:
             return []
-        plan = s._plan(self.epoch)
+        plan = s._plan(self.epoch, self.lanes)
         lanes = self._lanes
         hi = min(lo + b, count)
         places = plan.places(self.cursor + s.rank, s.num_replicas, lo + skip, hi).tolist()
@@ -705,7 +943,7 @@ class _StreamIterator(Iterator[Any]):
     # -- torchdata's Stateful protocol -------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         s = self.stream
-        state = _state.make(s._config(), self.epoch, self.cursor)
+        state = _state.make(s._config(self.lanes), self.epoch, self.cursor)
         state["reader"] = {
             "num_replicas": s.num_replicas,
             "batch_size": s.batch_size,
@@ -718,7 +956,8 @@ class _StreamIterator(Iterator[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         s = self.stream
-        epoch, cursor, _ = _state.check(state, s._config())
+        lanes = s._saved_lanes(state)
+        epoch, cursor, _ = _state.check(state, s._config(lanes))
         reader = state.get("reader")
         if not isinstance(reader, dict):
             raise ValueError("state has no 'reader': it is not a ShardedStream iterator state")
@@ -741,9 +980,10 @@ class _StreamIterator(Iterator[Any]):
             raise ValueError(f"state['reader']['yielded'] must be an int >= 0, got {yielded!r}")
         if self._started:
             raise RuntimeError("load_state_dict on a stream iterator that already started")
-        self.epoch, self.cursor, self.yielded = epoch, cursor, yielded
-        s.__dict__["epoch"] = epoch
-        s._cursor = cursor
+        self.epoch, self.cursor, self.yielded, self.lanes = epoch, cursor, yielded, lanes
+        s._start_pass(epoch, cursor, lanes=lanes)
+        s._iterator = self
+        s._board.restore(self.key, epoch, cursor)
 
 
 def _reader_states(state: Any) -> list[dict[str, Any]]:

@@ -69,7 +69,22 @@ def guard_epoch() -> dict[str, Any]:
     return {"raised": False}
 
 
-SCENARIOS = {"train": train, "guard_sizes": guard_sizes, "guard_epoch": guard_epoch}
+def guard_batch() -> dict[str, Any]:
+    # The same lanes (so the same order), other per-rank batch sizes: the ranks would run
+    # different numbers of steps.
+    try:
+        ShardedStream(SIZES, read, batch_size=BATCH * (1 + dist.get_rank()), lanes=64)
+    except InconsistentRanksError as err:
+        return {"raised": True, "fields": sorted(err.fields)}
+    return {"raised": False}
+
+
+SCENARIOS = {
+    "train": train,
+    "guard_sizes": guard_sizes,
+    "guard_epoch": guard_epoch,
+    "guard_batch": guard_batch,
+}
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@ sequence for any number of ranks and DataLoader workers, resume, and refusals.""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
+import time
 import warnings
 from collections import Counter
 from itertools import permutations
@@ -439,3 +441,211 @@ def test_one_reader_opens_each_lane_piece_once(lanes, window):
         start, length = plan.lane(lane)
         pieces += len(plan.segments(start, start + length))
     assert it.reads == pieces and it.rows_read == N
+
+
+# -- batch diversity at the defaults -----------------------------------------------------------
+def _global_shuffle_shards(sizes: np.ndarray, g: int) -> float:
+    """The expected number of distinct shards among g items of a global shuffle (drawn
+    without replacement): sum over shards of 1 - P(none of its items drawn)."""
+    n = int(sizes.sum())
+    i = np.arange(g)
+    none = np.exp(np.log1p(-sizes[:, None] / (n - i[None, :])).sum(axis=1))
+    return float((1 - none).sum())
+
+
+@pytest.mark.parametrize(
+    ("shards", "low", "high", "world", "batch"),
+    [(64, 500, 1500, 2, 32), (2000, 20, 80, 2, 128), (300, 1, 2000, 4, 16)],
+)
+def test_global_batches_hold_as_many_shards_as_a_global_shuffle(shards, low, high, world, batch):
+    """At the default lanes, window and chunk_size, a global batch draws from at least 0.8x
+    as many shards as a global shuffle's batch would, and file neighbours (rows r and r + 1
+    of a shard) share a global batch no more often than a global shuffle puts them there."""
+    rng = np.random.default_rng(shards)
+    sizes = rng.integers(low, high + 1, shards)
+    n, g = int(sizes.sum()), world * batch
+    stream = ShardedStream(sizes, Rows(), batch_size=batch, num_replicas=world, rank=0, seed=3)
+    seq = stream.sequence()
+    full = n // g
+    distinct = np.mean([len(np.unique(b)) for b in seq[: full * g, 0].reshape(full, g)])
+    assert distinct >= 0.8 * _global_shuffle_shards(sizes, g)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    position = np.empty(n, dtype=np.int64)
+    position[starts[seq[:, 0]] + seq[:, 1]] = np.arange(n)
+    batch_of = position // g
+    same = pairs = 0
+    for s in range(shards):
+        b = batch_of[starts[s] : starts[s] + sizes[s]]
+        pairs += len(b) - 1
+        same += int((b[1:] == b[:-1]).sum())
+    assert same / pairs <= (g - 1) / (n - 1)  # a global shuffle's rate
+
+
+# -- resume with the default arguments ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("world", "batch", "workers", "new_world", "new_batch", "new_workers"),
+    [
+        (2, 6, 0, 3, 4, 2),  # 2 -> 3 ranks at a fixed global batch; 0 -> 2 workers
+        (2, 4, 2, 3, 4, 2),  # 2 -> 3 ranks at a fixed per-rank batch
+        (4, 3, 2, 2, 6, 0),  # 4 -> 2 ranks at a fixed global batch
+        (4, 4, 2, 2, 4, 3),  # 4 -> 2 ranks at a fixed per-rank batch
+        (1, 4, 0, 1, 4, 2),  # 0 -> 2 workers
+    ],
+)
+def test_default_arguments_resume_on_other_ranks_and_workers(
+    world, batch, workers, new_world, new_batch, new_workers
+):
+    """Streams built with the defaults (lanes among them, which depend on the batch size and
+    the number of ranks) resume a loader's checkpoint on other ranks, batch sizes and
+    workers: every item of the epoch exactly once (pad=False), the saved epoch read with its
+    own lanes, and the next epoch with the new stream's."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    consumed, states = [], []
+    for rank in range(world):
+        stream = ShardedStream(
+            SIZES, Rows(), batch_size=batch, num_replicas=world, rank=rank, pad=False
+        )
+        loader = StatefulDataLoader(
+            stream, batch_size=batch, num_workers=workers, collate_fn=collate
+        )
+        it = iter(loader)
+        consumed.extend(x[:2] for _ in range(3) for x in next(it))
+        states.append(loader.state_dict())
+        del it
+    rest, lanes = [], set()
+    for rank in range(new_world):
+        stream = ShardedStream(
+            SIZES, Rows(), batch_size=new_batch, num_replicas=new_world, rank=rank, pad=False
+        )
+        stream.load_state_dict(states[rank % world])  # any rank's loader state
+        rest.extend(x[:2] for b in run(stream, new_workers) for x in b)
+        lanes.add(stream.lanes)
+        stream.set_epoch(1)
+        assert stream._plan(1).lanes == stream.lanes  # the next epoch: this stream's lanes
+    seen = Counter(consumed + rest)
+    assert len(seen) == N and set(seen.values()) == {1}, "lost or repeated items"
+    assert lanes == {8 * new_batch * new_world}
+
+
+def test_explicit_lanes_must_equal_the_saved_ones():
+    old = ShardedStream(SIZES, Rows(), batch_size=4, num_replicas=2, rank=0)
+    it = iter(old)
+    head = [next(it)[:2] for _ in range(5)]
+    state = old.state_dict()
+    assert state["lanes"] == 64
+    other = ShardedStream(SIZES, Rows(), batch_size=4, num_replicas=3, rank=0, lanes=96)
+    with pytest.raises(ValueError, match=r"saved with lanes=64 .* has lanes=96.*with lanes=64"):
+        other.load_state_dict(state)
+    assert other.remaining == len(other)  # left unchanged
+    same = ShardedStream(SIZES, Rows(), batch_size=4, num_replicas=2, rank=0, lanes=64)
+    same.load_state_dict(state)
+    assert head + [x[:2] for x in same] == [x[:2] for b in run(make_default(2, 0), 0) for x in b]
+
+
+def make_default(world: int, rank: int) -> ShardedStream:
+    return ShardedStream(SIZES, Rows(), batch_size=4, num_replicas=world, rank=rank)
+
+
+# -- epochs: every iteration starts one, the same in every worker ------------------------------
+SMALL = [7, 0, 5, 3]  # 15 items: 4 batches of 4, two per worker
+
+
+def _late_worker_one(worker_id: int) -> None:
+    if worker_id == 1:
+        time.sleep(1.0)  # worker 0 reads its whole share and stops before worker 1 starts
+
+
+def _epoch_order(epoch: int, **kw) -> list[tuple[int, int]]:
+    stream = ShardedStream(SMALL, Rows(), num_replicas=1, rank=0, seed=4, **kw)
+    stream.set_epoch(epoch)
+    return [x[:2] for x in stream]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_epoch_workers_of_one_iteration_read_one_epoch(persistent):
+    """Worker 1 starts a second after worker 0 has read its share to the end: both still
+    read the iteration's epoch (the epoch is decided once per iteration, not by timing)."""
+    kw = dict(batch_size=4, lanes=4, window=2)
+    stream = ShardedStream(SMALL, Rows(), num_replicas=1, rank=0, seed=4, auto_epoch=True, **kw)
+    loader = DataLoader(
+        stream,
+        batch_size=4,
+        num_workers=2,
+        collate_fn=collate,
+        persistent_workers=persistent,
+        worker_init_fn=_late_worker_one,
+    )
+    for epoch in range(3):
+        assert [x[:2] for b in loader for x in b] == _epoch_order(epoch, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_epoch_advances_after_an_epoch_cut_short(workers, persistent):
+    """A loop that stops early (a break, max_steps, limit_train_batches) still gets the next
+    epoch's order at its next iteration."""
+    if persistent and not workers:
+        pytest.skip("persistent workers need workers")
+    stream = make(1, 0, auto_epoch=True)
+    loader = DataLoader(
+        stream, batch_size=B, num_workers=workers, collate_fn=collate, persistent_workers=persistent
+    )
+    firsts = []
+    for _ in range(3):
+        for i, batch in enumerate(loader):
+            if i == 0:
+                firsts.append([x[:2] for x in batch])
+            if i == 2:
+                break
+    expected = []
+    for epoch in range(3):
+        reference = make(1, 0)
+        reference.set_epoch(epoch)
+        expected.append([x[:2] for x in reference][:B])
+    assert firsts == expected and firsts[0] != firsts[1] != firsts[2]
+
+
+def test_set_epoch_reaches_persistent_workers():
+    stream = make(1, 0)
+    loader = DataLoader(
+        stream, batch_size=B, num_workers=2, collate_fn=collate, persistent_workers=True
+    )
+    orders = []
+    for epoch in range(3):
+        stream.set_epoch(epoch)
+        orders.append([x[:2] for b in loader for x in b])
+    for epoch in range(3):
+        reference = make(1, 0)
+        reference.set_epoch(epoch)
+        assert orders[epoch] == [x[:2] for x in reference]
+
+
+def test_main_process_state_of_a_stream_read_by_workers_refuses():
+    stream = make(1, 0)
+    loader = DataLoader(stream, batch_size=B, num_workers=2, collate_fn=collate)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(RuntimeError, match="StatefulDataLoader"):
+        stream.state_dict()
+    del it
+    stream.set_epoch(1)  # a new pass that no worker has read yet
+    state = stream.state_dict()
+    assert (state["epoch"], state["cursor"]) == (1, 0)
+
+
+def test_copies_get_a_shared_board_of_their_own():
+    """pickle and deepcopy give a stream whose epoch board is shared memory (its workers see
+    it), separate from the original's."""
+    stream = make(1, 0, auto_epoch=True)
+    for clone in (pickle.loads(pickle.dumps(stream)), copy.deepcopy(stream)):
+        assert clone._board.words.is_shared()
+        assert clone._board.words.data_ptr() != stream._board.words.data_ptr()
+        loader = DataLoader(clone, batch_size=B, num_workers=2, collate_fn=collate)
+        first, second = ([x[:2] for b in loader for x in b] for _ in range(2))
+        assert first != second and sorted(first) == sorted(second)
+
+
+def test_chunk_count_is_checked_up_front():
+    with pytest.raises(ValueError, match=r"1000000000 chunks.*chunk_size of at least 60"):
+        ShardedStream([10**9], Rows(), batch_size=128, chunk_size=1, num_replicas=1, rank=0)

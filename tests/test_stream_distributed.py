@@ -54,3 +54,9 @@ def test_guard_refuses_other_epochs(ranks):
     res = [r["guard_epoch"] for r in ranks]
     assert all(x["in_step"] for x in res)
     assert all(x.get("raised") and x["fields"] == ["epoch"] for x in res), res
+
+
+def test_guard_refuses_other_batch_sizes(ranks):
+    res = [r["guard_batch"] for r in ranks]
+    assert all(x["in_step"] for x in res)
+    assert all(x.get("raised") and x["fields"] == ["batch_size"] for x in res), res

@@ -1,6 +1,9 @@
 // Sharded streams (fastshard/stream.hpp): plans of shard reads; the reads themselves are Python's.
 #include <cstdint>
 #include <memory>
+#if defined(_MSC_VER)
+#include <intrin.h>
+#endif
 #include <vector>
 
 #include "fastshard/stream.hpp"
@@ -24,6 +27,18 @@ std::shared_ptr<const fastshard::StreamLayout> make_layout(
     }
 }
 
+// One atomic compare-and-swap on a word of a caller's buffer (shared memory between processes:
+// the ShardedStream's epoch board). Sequentially consistent, so it also orders the plain reads and
+// writes of the other words made while the word holds a lock.
+std::int64_t compare_swap(std::int64_t* word, std::int64_t expected, std::int64_t desired) {
+#if defined(_MSC_VER)
+    return _InterlockedCompareExchange64(reinterpret_cast<volatile long long*>(word), desired, expected);
+#else
+    __atomic_compare_exchange_n(word, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return expected;
+#endif
+}
+
 void check_lane(const fastshard::StreamEpoch& e, std::uint64_t l) {
     if (l >= e.lanes()) throw py::index_error("lane out of range");
 }
@@ -32,6 +47,19 @@ void check_lane(const fastshard::StreamEpoch& e, std::uint64_t l) {
 
 void register_stream(py::module_& m) {
     m.attr("STREAM_DOMAIN") = fastshard::kStreamDomain;
+
+    m.def("compare_swap", [](py::array_t<std::int64_t, py::array::c_style> words, py::ssize_t index,
+                             std::int64_t expected, std::int64_t desired) {
+              if (words.ndim() != 1 || index < 0 || index >= words.shape(0))
+                  throw py::index_error("word index out of range");
+              if (!words.writeable()) throw py::value_error("the array is read-only");
+              auto* word = words.mutable_data() + index;
+              if (reinterpret_cast<std::uintptr_t>(word) % alignof(std::int64_t) != 0)
+                  throw py::value_error("the word is not 8-byte aligned");
+              return compare_swap(word, expected, desired);
+          }, py::arg("words"), py::arg("index"), py::arg("expected"), py::arg("desired"),
+          "Atomically: if words[index] == expected, set it to desired. Returns the value seen "
+          "(expected when the swap happened).");
 
     py::class_<fastshard::StreamLayout, std::shared_ptr<fastshard::StreamLayout>>(
         m, "StreamLayout", "Shards and their chunks: what does not depend on the epoch (immutable).")
