@@ -14,16 +14,25 @@ model learns the planted weights; DDP all-reduces the gradients at every step. A
 ranks all-gather their item counts and the keys they saw: the counts must be equal and,
 within an epoch, every sample must have been seen (the padding repeats a few). Backend: gloo
 on the CPU (NCCL if CUDA is available).
+
+The DataLoader keeps its workers for the whole run (``persistent_workers=True``) and starts
+them from a fork server where there is one: a process that forks while other threads run (the
+process group's, DataLoader pin threads) can deadlock the child (CPython gh-112275), and a
+loader that forks fresh workers every epoch takes that chance every epoch. ``set_epoch``
+reaches persistent workers. Every collective has a timeout (``--timeout``), so a rank that
+stops answering ends the run with an error instead of a hang.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import os
 import sys
 import tarfile
 import tempfile
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -71,10 +80,11 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--timeout", type=float, default=120, help="seconds for any collective")
     args = p.parse_args()
 
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
     if device is not None:
@@ -96,8 +106,20 @@ def main() -> int:
     # num_replicas and rank come from the process group; the stream checks that every rank
     # has the same shard sizes, seed and epoch before each epoch.
     stream = fastshard.ShardedStream(sizes, read, batch_size=args.batch_size, seed=0)
+    workers = {}
+    if args.workers > 0:
+        # Workers started once, from a single-threaded fork server (see the module docstring).
+        workers["persistent_workers"] = True
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            # The server imports these once; each worker forked from it starts with them.
+            multiprocessing.set_forkserver_preload(["torch", "fastshard", "numpy"])
+            workers["multiprocessing_context"] = "forkserver"
     loader = DataLoader(
-        stream, batch_size=args.batch_size, num_workers=args.workers, collate_fn=collate
+        stream,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        collate_fn=collate,
+        **workers,
     )
     torch.manual_seed(0)
     model = nn.Linear(DIM, 1)

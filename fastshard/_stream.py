@@ -285,11 +285,16 @@ class ShardedStream(IterableDataset[Any]):
     chunk_size : int, optional
         Cut shards into chunks of at most this many rows, shuffled as units (default: whole
         shards). Smaller chunks shuffle more finely but start more reads mid-shard.
-    num_replicas, rank, seed, shuffle, drop_last, pad, check_consistency, auto_epoch
+    num_replicas, rank, seed, shuffle, drop_last, pad, check_consistency
         As for :class:`fastshard.DistributedSampler`. ``pad=True`` (default) fills the last
         positions by repeating items from the start of the epoch so every rank yields the
         same count; ``drop_last=True`` drops them instead; ``pad=False`` yields every item
         exactly once, with rank counts that differ by at most one.
+    auto_epoch : bool
+        Every iteration after the first (each ``iter(loader)``) reads the next epoch, whether
+        or not the previous one was read to its end; all the workers of one iteration read
+        the same epoch. Without it, call :meth:`set_epoch` before each epoch (it reaches
+        persistent workers too).
 
     Raises
     ------

@@ -466,6 +466,20 @@ def test_lightning_stream_epochs_advance_in_fresh_workers(lightning_report):
     assert r["len"] == [500] and r["batches"] == 50
 
 
+def test_lightning_stream_epochs_cut_short_still_advance(lightning_report):
+    """limit_train_batches stops every epoch after 5 batches: each epoch is still a new
+    order (the next epoch of the stream), not the first 5 batches of epoch 0 again."""
+    r = lightning_report["stream_cut"]
+    assert "error" not in r, r
+    assert sorted(r["epochs"]) == ["0", "1", "2"]
+    items = []
+    for e in ("0", "1", "2"):
+        epoch = r["epochs"][e]
+        assert epoch["per_rank"] == [50, 50] and epoch["repeated"] == 0, epoch
+        items.append(tuple(epoch["items"]))
+    assert len(set(items)) == 3, "an epoch cut short was read again"
+
+
 def test_accelerate_dispatches_a_global_stream(accelerate_report):
     r = accelerate_report["stream_documented"]
     assert "error" not in r, r

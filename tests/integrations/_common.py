@@ -8,6 +8,7 @@ one JSON report the test asserts on.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 from collections import Counter
@@ -116,14 +117,24 @@ def error_text(err: BaseException) -> dict[str, Any]:
     return {"error": type(err).__name__, "message": str(err)}
 
 
+# Seconds after which a stage's stacks are dumped (the slowest stage takes about 60 s on a
+# loaded 2-core machine; the job's launcher kills it at 420 s).
+STAGE_STACKS_AFTER = 180
+
+
 def run(name: str, fn: Any, results: dict[str, Any], barrier: bool = True) -> None:
     """results[name] = fn(), or the error it raised (reported, and asserted on by the test).
     With ``barrier``, the ranks meet afterwards, so they stay in step whatever a scenario
     did (the Lightning job has none: its first scenario starts the process group)."""
+    # A stage that stalls dumps every thread's stack to stderr (which the test prints when the
+    # job is killed at its timeout), so a hang names the stage and where it waits.
+    faulthandler.dump_traceback_later(STAGE_STACKS_AFTER, repeat=False)
     try:
         results[name] = fn()
     except Exception as err:
         results[name] = error_text(err)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     if barrier:
         dist.barrier()
 

@@ -295,6 +295,22 @@ def stream() -> dict[str, Any]:
     return {"epochs": epochs_of(model), "len": lens, "batches": t.num_training_batches}
 
 
+def stream_cut() -> dict[str, Any]:
+    """The stream recipe with epochs cut short (limit_train_batches: 5 of 50 batches) and
+    persistent workers: each epoch still starts the next epoch's order."""
+
+    def loader() -> Any:
+        data = fastshard.ShardedStream(
+            STREAM_SIZES, stream_read, batch_size=BATCH, seed=8, auto_epoch=True
+        )
+        return DataLoader(data, batch_size=BATCH, num_workers=2, persistent_workers=True)
+
+    model = Recorder(loader)
+    t = trainer(max_epochs=3, limit_train_batches=5)
+    t.fit(model)
+    return {"epochs": {str(e): s for e, s in model.epochs.items()}}
+
+
 results: dict[str, Any] = {"flavour": FLAVOUR}
 if FLAVOUR == "lightning":
     run("sampler", natural_sampler, results, barrier=False)
@@ -309,6 +325,7 @@ if FLAVOUR == "lightning":
     run("predict_batch_sampler", lambda: predict("BatchSampler"), results, barrier=False)
     run("predict_length_grouped", lambda: predict("LengthGrouped"), results, barrier=False)
     run("stream", stream, results, barrier=False)
+    run("stream_cut", stream_cut, results, barrier=False)
 else:
     run("sampler", natural_sampler, results, barrier=False)
 report(REPORT, results)
