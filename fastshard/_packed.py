@@ -96,8 +96,9 @@ class PackedSampler(_UnitSampler):
     overlap : bool
         concat only: rows of ``seq_len + 1`` tokens overlapping by one, as Megatron-LM's, so
         that the last input token has a target (``PackedTokens``' ``shift_labels``).
-    long_docs : {"truncate", "split"}
-        best_fit only: what happens to a document longer than ``seq_len``.
+    long_docs : {"truncate", "split"}, optional
+        best_fit only (default ``"truncate"``): what happens to a document longer than
+        ``seq_len``. Refused with concat, which cuts every document into rows.
     window : int, optional
         Documents per window of the order: default 256 for concat, 2**16 for best_fit
         (chosen by measurement, docs/packing.md).
@@ -114,8 +115,8 @@ class PackedSampler(_UnitSampler):
     ------
     ValueError
         A length below 1 (the index is named), lengths that sum to 2**63 or more, ``seq_len``
-        out of range, fewer tokens than one row, an unknown ``mode`` or ``long_docs``, or
-        ``overlap`` with ``best_fit``.
+        out of range, fewer tokens than one row, an unknown ``mode`` or ``long_docs``,
+        ``overlap`` with ``best_fit``, or ``long_docs`` with ``concat``.
     TypeError
         Lengths that are not integers.
     fastshard.InconsistentRanksError
@@ -146,7 +147,7 @@ class PackedSampler(_UnitSampler):
         *,
         mode: str = "concat",
         overlap: bool = False,
-        long_docs: str = "truncate",
+        long_docs: str | None = None,
         window: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
@@ -159,11 +160,19 @@ class PackedSampler(_UnitSampler):
         arr = _as_lengths(lengths)
         if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        if not isinstance(long_docs, str) or long_docs not in LONG_DOCS:
+        best_fit = mode == "best_fit"
+        if long_docs is not None and not best_fit:
+            raise ValueError(
+                f'long_docs applies to mode="best_fit" only, got long_docs={long_docs!r} with '
+                'mode="concat", which never truncates: it cuts every document into rows, '
+                "continuing it in the next row"
+            )
+        if best_fit and long_docs is None:
+            long_docs = "truncate"
+        if long_docs is not None and (not isinstance(long_docs, str) or long_docs not in LONG_DOCS):
             raise ValueError(
                 f"long_docs must be one of {', '.join(map(repr, LONG_DOCS))}, got {long_docs!r}"
             )
-        best_fit = mode == "best_fit"
         high = MAX_BEST_FIT_SEQ_LEN if best_fit else _MAX_ROW_TOKENS
         self.seq_len = _validate.in_range(seq_len, "seq_len", 1, high)
         self.overlap = _validate.flag(overlap, "overlap")
@@ -279,7 +288,8 @@ class PackedSampler(_UnitSampler):
             "seq_len": self.seq_len,
             "mode": self.mode,
             "overlap": self.overlap,
-            "long_docs": self.long_docs,
+            # concat's is None; its states have always said "truncate", and still do.
+            "long_docs": self.long_docs or "truncate",
             "window": self.window,
             "drop_last": self.drop_last,
             "pad": self.pad,

@@ -1,6 +1,8 @@
 """One label convention per output, proven on a transformers causal LM: ``labels`` unshifted
 (the model shifts them), ``shift_labels`` already shifted; a packed batch's loss equals the
-loss of its documents computed one by one. A raw token file's dtype is never guessed."""
+loss of its documents computed one by one. A raw token file's dtype is never guessed, and
+the packing arguments that cannot mean anything are refused: ``long_docs`` with concat,
+``BatchSampler`` over rows."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import fastshard
 from fastshard import PackedSampler, PackedTokens, collate_rows
 
 VOCAB = 101
@@ -150,6 +153,27 @@ def test_packed_loss_equals_the_documents_loss(attn, mode, overlap):
 
 
 # -- refusals ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("long_docs", ["truncate", "split"])
+def test_long_docs_is_refused_with_concat(long_docs):
+    with pytest.raises(ValueError, match='long_docs applies to mode="best_fit" only'):
+        PackedSampler([50, 60], 16, long_docs=long_docs, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="long_docs"):
+        PackedSampler([50, 60], 16, mode="concat", long_docs="drop", num_replicas=1, rank=0)
+    s = PackedSampler([50, 60], 16, mode="best_fit", long_docs=long_docs, num_replicas=1, rank=0)
+    assert s.long_docs == long_docs
+    assert PackedSampler([50, 60], 16, mode="best_fit", num_replicas=1, rank=0).long_docs == (
+        "truncate"
+    )
+
+
+def test_concat_states_still_load():
+    # States saved before concat refused long_docs carry long_docs="truncate": they load.
+    s = PackedSampler(np.full(100, 9), 16, num_replicas=1, rank=0)
+    state = s.state_dict(0)
+    assert state["long_docs"] == "truncate"
+    PackedSampler(np.full(100, 9), 16, num_replicas=2, rank=1).load_state_dict(state)
+
+
 def test_a_raw_token_file_without_dtype_is_refused(tmp_path):
     # uint32 tokens (a vocabulary over 65,535) read as uint16 would be twice as many garbage ids
     lengths, offsets, _ = corpus()
@@ -164,3 +188,14 @@ def test_a_raw_token_file_without_dtype_is_refused(tmp_path):
     row = PackedSampler(lengths, 16, num_replicas=1, rank=0)[0]
     want = [70_000 + offsets[d] + i for d, a, b in row.tolist() for i in range(a, b)]
     assert data[row]["input_ids"].tolist() == want
+
+
+def test_batch_sampler_refuses_rows():
+    rows = PackedSampler(np.full(100, 9), 16, num_replicas=1, rank=0)
+    with pytest.raises(
+        TypeError, match=r"yields rows.*sampler=sampler, batch_size=B.*collate_rows"
+    ):
+        fastshard.BatchSampler(rows, 4)
+    lengths = fastshard.LengthGroupedBatchSampler([3] * 10, 2, num_replicas=1, rank=0)
+    with pytest.raises(TypeError, match="batch_sampler=sampler"):
+        fastshard.BatchSampler(lengths, 4)
