@@ -139,7 +139,7 @@ def child(args: argparse.Namespace) -> None:
                 overlap=mode == "concat",
                 num_replicas=args.world,
                 rank=0,
-                long_docs="split",
+                long_docs="split" if mode == "best_fit" else None,
                 **({"window": args.window} if args.window else {}),
             )
             row = s[0]

@@ -22,6 +22,7 @@ from ._packed import PackedSampler, PackedTokens, collate_rows
 from ._sampler import BatchSampler, DistributedSampler
 from ._stream import ReadAmplificationWarning, ShardedStream, ShardReadError
 from ._threads import get_num_threads, set_num_threads
+from ._token_store import TokenStore
 from ._warnings import EpochWarning
 from ._weighted import WeightedDistributedSampler
 
@@ -38,6 +39,7 @@ __all__ = [
     "ReshardedError",
     "ShardReadError",
     "ShardedStream",
+    "TokenStore",
     "WeightedDistributedSampler",
     "__version__",
     "collate_rows",

@@ -4,9 +4,8 @@ described by the (document, start, stop) token segments that fill it."""
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +14,7 @@ from torch.utils.data import Dataset
 from . import _core, _validate
 from ._length import _as_lengths
 from ._sampler import _UnitSampler
+from ._token_store import TokenStore
 
 MODES = ("concat", "best_fit")
 LONG_DOCS = ("truncate", "split")
@@ -94,10 +94,11 @@ class PackedSampler(_UnitSampler):
         Tokens per row (>= 1).
     mode : {"concat", "best_fit"}
     overlap : bool
-        concat only: rows of ``seq_len + 1`` tokens overlapping by one (inputs and shifted
-        labels from one row, as Megatron-LM).
-    long_docs : {"truncate", "split"}
-        best_fit only: what happens to a document longer than ``seq_len``.
+        concat only: rows of ``seq_len + 1`` tokens overlapping by one, as Megatron-LM's, so
+        that the last input token has a target (``PackedTokens``' ``shift_labels``).
+    long_docs : {"truncate", "split"}, optional
+        best_fit only (default ``"truncate"``): what happens to a document longer than
+        ``seq_len``. Refused with concat, which cuts every document into rows.
     window : int, optional
         Documents per window of the order: default 256 for concat, 2**16 for best_fit
         (chosen by measurement, docs/packing.md).
@@ -114,8 +115,8 @@ class PackedSampler(_UnitSampler):
     ------
     ValueError
         A length below 1 (the index is named), lengths that sum to 2**63 or more, ``seq_len``
-        out of range, fewer tokens than one row, an unknown ``mode`` or ``long_docs``, or
-        ``overlap`` with ``best_fit``.
+        out of range, fewer tokens than one row, an unknown ``mode`` or ``long_docs``,
+        ``overlap`` with ``best_fit``, or ``long_docs`` with ``concat``.
     TypeError
         Lengths that are not integers.
     fastshard.InconsistentRanksError
@@ -146,7 +147,7 @@ class PackedSampler(_UnitSampler):
         *,
         mode: str = "concat",
         overlap: bool = False,
-        long_docs: str = "truncate",
+        long_docs: str | None = None,
         window: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
@@ -159,11 +160,19 @@ class PackedSampler(_UnitSampler):
         arr = _as_lengths(lengths)
         if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        if not isinstance(long_docs, str) or long_docs not in LONG_DOCS:
+        best_fit = mode == "best_fit"
+        if long_docs is not None and not best_fit:
+            raise ValueError(
+                f'long_docs applies to mode="best_fit" only, got long_docs={long_docs!r} with '
+                'mode="concat", which never truncates: it cuts every document into rows, '
+                "continuing it in the next row"
+            )
+        if best_fit and long_docs is None:
+            long_docs = "truncate"
+        if long_docs is not None and (not isinstance(long_docs, str) or long_docs not in LONG_DOCS):
             raise ValueError(
                 f"long_docs must be one of {', '.join(map(repr, LONG_DOCS))}, got {long_docs!r}"
             )
-        best_fit = mode == "best_fit"
         high = MAX_BEST_FIT_SEQ_LEN if best_fit else _MAX_ROW_TOKENS
         self.seq_len = _validate.in_range(seq_len, "seq_len", 1, high)
         self.overlap = _validate.flag(overlap, "overlap")
@@ -279,7 +288,8 @@ class PackedSampler(_UnitSampler):
             "seq_len": self.seq_len,
             "mode": self.mode,
             "overlap": self.overlap,
-            "long_docs": self.long_docs,
+            # concat's is None; its states have always said "truncate", and still do.
+            "long_docs": self.long_docs or "truncate",
             "window": self.window,
             "drop_last": self.drop_last,
             "pad": self.pad,
@@ -317,54 +327,57 @@ class PackedSampler(_UnitSampler):
 
 
 # -- reading rows ---------------------------------------------------------------------------
-def _open(source: Any, dtype: Any, name: str) -> np.ndarray:
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if path.endswith(".npy"):
-            return cast(np.ndarray, np.load(path, mmap_mode="r"))
-        return np.memmap(path, dtype=dtype, mode="r")
-    arr = _validate.host_array(source, name, "integers")
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape} {arr.dtype}")
-    return arr
-
-
 class PackedTokens(Dataset[dict[str, torch.Tensor]]):
-    """The rows of a :class:`PackedSampler` read from a flat token array.
+    """The rows of a :class:`PackedSampler` read from a token store.
 
     ``dataset[row]`` for a row spec (the ``(segments, 3)`` array the sampler yields) returns
 
     - ``input_ids``: int64 ``[seq_len]``, the segments' tokens, then ``pad_id`` (best_fit);
-    - ``labels``: int64 ``[seq_len]``; ``-100`` at padding and at the first token of every
-      segment, so no token is predicted across a document boundary (the model shifts labels
-      itself, as transformers' models do). With ``overlap`` (rows of ``seq_len + 1`` tokens):
-      the next tokens, ``-100`` where the next token starts another segment;
+    - ``labels``: int64 ``[seq_len]``, **unshifted**: the ``input_ids`` themselves, ``-100`` at
+      padding and at the first token of every segment, for a model that shifts labels itself
+      (every transformers causal LM): nothing is predicted across a document boundary;
+    - ``shift_labels``: int64 ``[seq_len]``, **already shifted** (Megatron-LM's labels, and
+      what transformers' causal LM loss takes as ``shift_labels``): at position ``t`` the
+      token ``t + 1`` of the same segment, else ``-100``. With ``overlap`` the last position's
+      target is the row's extra token; ``shift_labels[:-1] == labels[1:]`` always;
     - ``position_ids``: int64 ``[seq_len]``, restarting at 0 at every segment start (a document
       start, or the row's start for a document continued from the row before);
     - ``cu_seqlens``: int32 ``[segments + 1]``, the segments' boundaries (padding, if any, is
       the last segment), as flash-attention's varlen kernels take them.
 
+    Forms: ``PackedTokens(store, seq_len)`` with a :class:`TokenStore` (its dtype is the
+    store's), or ``PackedTokens(tokens, offsets, seq_len)``, the same as
+    ``PackedTokens(TokenStore.flat(tokens, offsets, dtype=dtype), seq_len)``.
+
     Parameters
     ----------
-    tokens : array or path
-        The flat token array (``np.memmap`` of a ``.bin`` file, or its path with ``dtype``;
-        a path is reopened in each process instead of being pickled to DataLoader workers).
+    tokens : TokenStore, array or path
+        A :class:`TokenStore`; or the flat token array (``np.memmap`` of a ``.bin`` file, a
+        ``.npy`` file, or a raw file's path with ``dtype``; a path is reopened in each process
+        instead of being pickled to DataLoader workers).
     offsets : array or path
-        n + 1 non-decreasing offsets: document d is ``tokens[offsets[d]:offsets[d + 1]]``.
+        With a flat token array: n + 1 non-decreasing offsets (an array or a ``.npy`` file),
+        document d is ``tokens[offsets[d]:offsets[d + 1]]``. Not with a store.
     seq_len : int
         The sampler's ``seq_len``.
     overlap : bool
         The sampler's ``overlap``.
     pad_id : int
         The token of best_fit padding.
+    dtype : dtype, optional
+        The token dtype of a raw token file: required there (never guessed), refused with a
+        store (the store declares it).
     lengths : array, optional
-        The sampler's lengths: checked against ``offsets`` (one pass, in chunks).
+        The sampler's lengths: checked against the store's (one pass, in chunks).
 
     Raises
     ------
     ValueError
-        ``offsets`` outside ``[0, len(tokens)]``, or ``lengths`` given that disagree with
-        ``offsets`` (their count, or a document's length).
+        A raw token file without ``dtype`` (see :meth:`TokenStore.flat`), ``offsets``
+        outside ``[0, len(tokens)]``, or ``lengths`` given that disagree with the store's
+        (their count, or a document's length).
+    TypeError
+        ``offsets`` or ``dtype`` with a store, or no ``offsets`` without one.
 
     Examples
     --------
@@ -376,6 +389,10 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
     >>> item = data[rows[0]]
     >>> item["input_ids"].tolist()
     [9, 10, 11, 12, 13, 14, 17, 18]
+    >>> item["labels"].tolist()  # unshifted: the model shifts them
+    [-100, 10, 11, 12, 13, 14, -100, 18]
+    >>> item["shift_labels"].tolist()  # the next token of the same document
+    [10, 11, 12, 13, 14, -100, 18, -100]
     >>> item["position_ids"].tolist()  # restarting at every document
     [0, 1, 2, 3, 4, 5, 0, 1]
     """
@@ -383,74 +400,65 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
     def __init__(
         self,
         tokens: Any,
-        offsets: Any,
-        seq_len: int,
+        offsets: Any = None,
+        seq_len: int | None = None,
         *,
         overlap: bool = False,
         pad_id: int = 0,
-        dtype: Any = np.uint16,
+        dtype: Any = None,
         lengths: Any = None,
     ) -> None:
+        if isinstance(tokens, TokenStore):
+            if (
+                seq_len is None
+                and isinstance(offsets, (int, np.integer))
+                and not isinstance(offsets, (bool, np.bool_))
+            ):
+                seq_len, offsets = int(offsets), None  # PackedTokens(store, seq_len)
+            if offsets is not None:
+                raise TypeError("a TokenStore holds its own offsets: PackedTokens(store, seq_len)")
+            if dtype is not None:
+                raise TypeError(f"a TokenStore declares its dtype ({tokens.dtype}): drop dtype=")
+            store = tokens
+        else:
+            if offsets is None:
+                raise TypeError(
+                    "PackedTokens(tokens, offsets, seq_len) needs offsets; or pass a "
+                    "TokenStore: PackedTokens(TokenStore.megatron(prefix), seq_len)"
+                )
+            store = TokenStore.flat(tokens, offsets, dtype=dtype)
+        if seq_len is None:
+            raise TypeError("seq_len is required")
         self.seq_len = _validate.in_range(seq_len, "seq_len", 1, _MAX_ROW_TOKENS)
         self.overlap = _validate.flag(overlap, "overlap")
         self.pad_id = _validate.integer(pad_id, "pad_id")
-        self._sources = (tokens, offsets, dtype)
-        self._tokens: np.ndarray | None = None
-        self._offsets: np.ndarray | None = None
-        toks, offs = self._arrays()
-        if len(offs) < 2:
-            raise ValueError("offsets must hold n + 1 >= 2 values")
-        if int(offs[0]) < 0 or int(offs[-1]) > len(toks):
-            raise ValueError(
-                f"offsets must lie in [0, {len(toks)}] (the token count), got "
-                f"[{int(offs[0])}, {int(offs[-1])}]"
-            )
+        self.store = store
         if lengths is not None:
             lens = _as_lengths(lengths)
-            if len(lens) != len(offs) - 1:
-                raise ValueError(
-                    f"lengths has {len(lens)} documents, offsets {len(offs) - 1} (n + 1 offsets)"
-                )
+            own = store.lengths
+            if len(lens) != len(own):
+                raise ValueError(f"lengths has {len(lens)} documents, the store {len(own)}")
             step = 1 << 22
             for a in range(0, len(lens), step):
                 b = min(a + step, len(lens))
-                diff = np.diff(np.asarray(offs[a : b + 1], dtype=np.int64))
-                bad = np.flatnonzero(diff != lens[a:b])
+                bad = np.flatnonzero(np.asarray(own[a:b], dtype=np.int64) != lens[a:b])
                 if bad.size:
                     d = a + int(bad[0])
                     raise ValueError(
-                        f"lengths[{d}] = {int(lens[d])} does not match offsets: document {d} "
-                        f"holds offsets[{d + 1}] - offsets[{d}] = {int(diff[bad[0]])} tokens"
+                        f"lengths[{d}] = {int(lens[d])} does not match the store: document "
+                        f"{d} holds {int(own[d])} tokens"
                     )
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._tokens is None or self._offsets is None:
-            tokens, offsets, dtype = self._sources
-            self._tokens = _open(tokens, dtype, "tokens")
-            self._offsets = _open(offsets, np.int64, "offsets")
-        return self._tokens, self._offsets
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if isinstance(self._sources[0], (str, os.PathLike)):
-            state["_tokens"] = None
-        if isinstance(self._sources[1], (str, os.PathLike)):
-            state["_offsets"] = None
-        return state
-
     def __getitem__(self, row: Any) -> dict[str, torch.Tensor]:
-        toks, offs = self._arrays()
         spec = np.asarray(row, dtype=np.int64).reshape(-1, 3)
         width = self.seq_len + (1 if self.overlap else 0)
         parts, sizes = [], []
         for doc, start, stop in spec.tolist():
-            if not 0 <= doc < len(offs) - 1:
-                raise IndexError(f"document {doc} is out of range for {len(offs) - 1} documents")
-            base, end = int(offs[doc]), int(offs[doc + 1])
+            toks, base, end = self.store._span(doc)
             if not 0 <= start < stop <= end - base:
                 raise ValueError(
                     f"segment ({doc}, {start}, {stop}) lies outside document {doc} of "
-                    f"{end - base} tokens: do the sampler's lengths match the offsets?"
+                    f"{end - base} tokens: do the sampler's lengths match the store?"
                 )
             parts.append(np.asarray(toks[base + start : base + stop], dtype=np.int64))
             sizes.append(stop - start)
@@ -468,32 +476,43 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
         starts[bounds[:-1]] = 1
         seg = np.cumsum(starts) - 1  # segment of each token
         position = np.arange(width, dtype=np.int64) - bounds[seg]
+        # labels: the tokens themselves where a model that shifts may predict them from the
+        # token before (not at a segment's first token, not in padding).
+        labels = ids.copy()
+        labels[starts == 1] = -100
+        labels[used:] = -100
+        # shift_labels: each token's next token, where it is in the same segment and real.
+        shifted = np.full(width, -100, dtype=np.int64)
+        shifted[:-1] = labels[1:]
         if self.overlap:
-            # width = seq_len + 1: inputs are the first seq_len, labels the last seq_len.
-            labels = ids[1:].copy()
-            labels[starts[1:] == 1] = -100
-            labels[np.arange(1, width) >= used] = -100
-            ids, position = ids[:-1], position[:-1]
-            cu = np.minimum(bounds, self.seq_len)
+            # width = seq_len + 1: the inputs are the first seq_len tokens; the extra token is
+            # only the last input's target.
+            n = self.seq_len
+            ids, labels, shifted, position = ids[:n], labels[:n], shifted[:n], position[:n]
+            cu = np.minimum(bounds, n)
             cu = np.concatenate([cu[:1], cu[1:][np.diff(cu) > 0]])
         else:
-            labels = ids.copy()
-            labels[starts == 1] = -100
-            labels[used:] = -100
             cu = bounds
         return {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(labels),
+            "shift_labels": torch.from_numpy(shifted),
             "position_ids": torch.from_numpy(position),
             "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
         }
 
 
 def collate_rows(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
-    """A batch of :class:`PackedTokens` rows: ``input_ids``, ``labels``, ``position_ids``
-    stacked to ``[B, seq_len]``; ``cu_seqlens`` (int32) the segment boundaries of the batch
-    flattened to one sequence of ``B * seq_len`` tokens (what flash-attention's varlen
-    kernels and transformers' flattening collator use), and ``max_seqlen``.
+    """A batch of :class:`PackedTokens` rows: ``input_ids``, ``labels`` (unshifted),
+    ``shift_labels`` (shifted) and ``position_ids`` stacked to ``[B, seq_len]``;
+    ``cu_seqlens`` (int32) the segment boundaries of the batch flattened to one sequence of
+    ``B * seq_len`` tokens (what flash-attention's varlen kernels and transformers' flattening
+    collator use), and ``max_seqlen``.
+
+    A transformers causal LM takes ``input_ids``, ``position_ids`` and ``labels`` (it shifts
+    them; give it no attention mask and ``use_cache=False``, so that it separates the
+    documents by their position ids); a loss on already shifted targets takes
+    ``shift_labels``. Never shift ``shift_labels`` again.
 
     Parameters
     ----------
@@ -503,8 +522,8 @@ def collate_rows(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``input_ids``, ``labels``, ``position_ids`` (``[B, seq_len]`` tensors),
-        ``cu_seqlens`` (int32) and ``max_seqlen`` (int).
+        ``input_ids``, ``labels``, ``shift_labels``, ``position_ids`` (``[B, seq_len]``
+        tensors), ``cu_seqlens`` (int32) and ``max_seqlen`` (int).
 
     Examples
     --------
@@ -517,10 +536,8 @@ def collate_rows(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
     >>> tuple(batch["input_ids"].shape), batch["cu_seqlens"].tolist()
     ((2, 8), [0, 6, 8, 13, 15, 16])
     """
-    out: dict[str, Any] = {
-        key: torch.stack([it[key] for it in items])
-        for key in ("input_ids", "labels", "position_ids")
-    }
+    keys = [k for k in ("input_ids", "labels", "shift_labels", "position_ids") if k in items[0]]
+    out: dict[str, Any] = {key: torch.stack([it[key] for it in items]) for key in keys}
     seq_len = out["input_ids"].shape[1]
     cus = [items[0]["cu_seqlens"]]
     cus += [it["cu_seqlens"][1:] + i * seq_len for i, it in enumerate(items) if i > 0]

@@ -836,8 +836,10 @@ class BatchSampler(Sampler[list[int]]):
     ------
     TypeError
         ``sampler`` is not a fastshard index sampler (torch's samplers: use
-        ``torch.utils.data.BatchSampler``), or already yields batches
-        (:class:`LengthGroupedBatchSampler`: pass it as the DataLoader's ``batch_sampler``).
+        ``torch.utils.data.BatchSampler``), already yields batches
+        (:class:`LengthGroupedBatchSampler`: pass it as the DataLoader's ``batch_sampler``),
+        or yields other elements than indices (:class:`PackedSampler`'s rows: pass it as
+        the DataLoader's ``sampler`` with ``batch_size``).
     ValueError
         ``batch_size`` is less than 1.
 
@@ -883,6 +885,18 @@ class BatchSampler(Sampler[list[int]]):
             raise TypeError(
                 "sampler must be a fastshard sampler, got "
                 f"{type(sampler).__name__}; use torch.utils.data.BatchSampler for other samplers"
+            )
+        if isinstance(sampler, _UnitSampler):
+            # Its elements are rows (or other units), not indices: batch them in the DataLoader.
+            raise TypeError(
+                f"fastshard.BatchSampler batches indices, but a {type(sampler).__name__} yields "
+                f"{sampler._units}: pass it as DataLoader(dataset, sampler=sampler, "
+                "batch_size=B)"
+                + (
+                    ", with collate_fn=fastshard.collate_rows for PackedTokens' rows"
+                    if sampler._unit == "row"
+                    else ""
+                )
             )
         self.sampler = sampler
         self.batch_size = _validate.in_range(batch_size, "batch_size", 1, _validate.MAX_LENGTH)

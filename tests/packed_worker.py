@@ -30,7 +30,9 @@ def corpus() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def epochs(mode: str) -> dict[str, Any]:
     lengths, offsets, tokens = corpus()
-    sampler = PackedSampler(lengths, SEQ, mode=mode, long_docs="split")
+    sampler = PackedSampler(
+        lengths, SEQ, mode=mode, long_docs="split" if mode == "best_fit" else None
+    )
     data = PackedTokens(tokens, offsets, SEQ)
     loader = DataLoader(data, sampler=sampler, batch_size=4, collate_fn=collate_rows, num_workers=1)
     out: dict[str, Any] = {"steps": [], "real": []}

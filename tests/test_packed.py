@@ -188,12 +188,13 @@ def test_rows_read_back_from_memmap(tmp_path, mode):
         lengths=lengths,
     )
     data = pickle.loads(pickle.dumps(data))  # a path travels, not the tokens
-    assert data._tokens is None
+    assert data.store._parts is None
     mm = np.memmap(path, dtype=np.uint16, mode="r")
     for row in list(s)[:60]:
         item = data[row]
-        ids, labels, pos, cu = (
-            item[k].numpy() for k in ("input_ids", "labels", "position_ids", "cu_seqlens")
+        ids, labels, shifted, pos, cu = (
+            item[k].numpy()
+            for k in ("input_ids", "labels", "shift_labels", "position_ids", "cu_seqlens")
         )
         width = seq + overlap
         stream, positions, bounds, starts = [], [], [0], []
@@ -207,17 +208,19 @@ def test_rows_read_back_from_memmap(tmp_path, mode):
         positions += list(range(width - used))
         assert ids.shape == (seq,) and ids.tolist() == stream[:seq]
         assert pos.tolist() == positions[:seq]
+        # labels unshifted (the row's own tokens), shift_labels the next ones (with overlap,
+        # the last one is the extra token); -100 across segments and in padding.
+        want = np.array(stream)
+        want[starts] = -100
+        want[used:] = -100
+        assert labels.tolist() == want[:seq].tolist()
+        nxt = np.array([*stream[1:], -100])
+        nxt[np.isin(np.arange(1, width + 1), starts)] = -100
+        nxt[max(used - 1, 0) :] = -100
+        assert shifted.tolist() == nxt[:seq].tolist()
         if overlap:
-            want = np.array(stream[1:])
-            mask = np.isin(np.arange(1, width), starts)
-            want[mask] = -100
-            assert labels.tolist() == want.tolist()
             assert cu.tolist() == [b for b in bounds if b < seq] + [seq]
         else:
-            want = np.array(stream)
-            want[starts] = -100
-            want[used:] = -100
-            assert labels.tolist() == want.tolist()
             assert cu.tolist() == bounds + ([seq] if used < seq else [])
         assert cu.dtype == np.int32
 

@@ -152,6 +152,7 @@ class PackedModel(torch.nn.Module):
         self,
         input_ids: torch.Tensor,
         labels: Any = None,
+        shift_labels: Any = None,
         position_ids: Any = None,
         cu_seqlens: Any = None,
         max_seqlen: Any = None,
