@@ -7,11 +7,9 @@ from ._version import __version__
 try:
     from . import _core  # noqa: F401 - fail early, with advice, when the build is missing
 except ImportError as err:  # pragma: no cover - only without a build
-    raise ImportError(
-        "fastshard's compiled module fastshard._core could not be imported. Install the "
-        "package with `pip install .` (or `pip install --no-build-isolation -ve .` for "
-        "development) rather than importing it from the source tree."
-    ) from err
+    from ._missing_core import missing_core_message
+
+    raise ImportError(missing_core_message(__file__)) from err
 
 from . import readers as readers  # fastshard.readers after `import fastshard`
 from ._distributed import InconsistentRanksError

@@ -1,4 +1,4 @@
-"""``python -m fastshard COMMAND``: tools that ship with the package.
+"""python -m fastshard COMMAND: tools that ship with the package.
 
 Commands
 --------

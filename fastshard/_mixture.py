@@ -403,7 +403,8 @@ class MixtureSampler(_ShardSampler):
                 "counts() is for mixtures with a schedule (or resumed with new weights); a "
                 "fixed-weight mixture has per_epoch"
             )
-        draw = _validate.integer(draw, "draw")
+        # global draws are counted below 2**63 (epoch * num_samples + j)
+        draw = _validate.in_range(draw, "draw", 0, _validate.MAX_LENGTH)
         return list(self._sched.counts_at(draw))
 
     # -- the epoch's shard ---------------------------------------------------------------------

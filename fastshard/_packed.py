@@ -93,6 +93,8 @@ class PackedSampler(_UnitSampler):
     seq_len : int
         Tokens per row (>= 1).
     mode : {"concat", "best_fit"}
+        ``"concat"`` (pretraining: documents concatenated and cut into rows) or ``"best_fit"``
+        (SFT: whole documents packed best-fit into rows, with padding), as described above.
     overlap : bool
         concat only: rows of ``seq_len + 1`` tokens overlapping by one, as Megatron-LM's, so
         that the last input token has a target (``PackedTokens``' ``shift_labels``).

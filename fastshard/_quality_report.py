@@ -14,7 +14,7 @@ network's). A p-value below 1e-4 (marked **bold**) is a failure; with a hundred 
 a truly random order shows on average 0.01 of them.
 
 Run it against an installed fastshard from outside the source tree's import path, e.g.
-`python -P bench/quality.py` or `cd bench && python quality.py`.
+python -P bench/quality.py, or cd bench && python quality.py.
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ def small_network() -> None:
         print(f"| {name} | {n} | {r.samples} | {p} | {r.statistic} |", flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def main(argv: list[str] | None = None, prog: str = "python -m fastshard quality") -> None:
+    ap = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--scale", type=float, default=4.0, help="sample sizes relative to the tests")
     ap.add_argument("--rounds", default="", help="comma-separated round counts of the bare network")
     ap.add_argument("--speed", action="store_true", help="only the speed check")

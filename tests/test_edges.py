@@ -12,8 +12,9 @@ import math
 import pickle
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

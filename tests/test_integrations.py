@@ -169,6 +169,7 @@ def nodes_loader(rank: int) -> Any:
 
 
 def test_torchdata_nodes_epochs_advance_and_resume_exactly():
+    require("torchdata")
     epochs: list[list[list[int]]] = [[], []]
     for rank in range(2):
         loader = nodes_loader(rank)

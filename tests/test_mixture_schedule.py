@@ -536,3 +536,21 @@ def test_fixed_weight_orders_are_unchanged():
 
 
 PINNED = [109, 52, 2, 8, 5, 2, 2, 5, 67, 9, 180, 56]
+
+
+@pytest.mark.parametrize(
+    ("draw", "error", "match"),
+    [
+        (-1, ValueError, r"draw must be in \[0, 9223372036854775807\], got -1"),
+        (2**63, ValueError, "draw must be in"),
+        (2**64, ValueError, "draw must be in"),
+        (1.5, TypeError, "draw must be an integer"),
+        (True, TypeError, "draw must be an integer"),
+    ],
+)
+def test_counts_refuses_a_draw_out_of_range_naming_it(draw, error, match):
+    # Before: pybind's "incompatible function arguments" from the core for -1 and 2**64.
+    s = MixtureSampler([10, 20], schedule=[(0, [1, 1]), (100, [1, 2])], num_replicas=1, rank=0)
+    with pytest.raises(error, match=match):
+        s.counts(draw)
+    assert sum(s.counts(2**63 - 1)) == 2**63 - 1  # the last global draw is still counted

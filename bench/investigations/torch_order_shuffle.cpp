@@ -4,7 +4,7 @@
 // fresh buffer each run; and TorchShard, the sampler's path (with its own buffer). Build and
 // run from the repository root:
 //
-//   g++ -O3 -std=c++17 -Icsrc -o /tmp/tos bench/torch_order_shuffle.cpp csrc/fastshard/torch_order.cpp
+//   g++ -O3 -std=c++17 -Icsrc -o /tmp/tos bench/investigations/torch_order_shuffle.cpp csrc/fastshard/torch_order.cpp
 //   /tmp/tos 20000000 100000000
 #include <algorithm>
 #include <cstdint>

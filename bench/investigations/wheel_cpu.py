@@ -1,8 +1,8 @@
 """Builds of fastshard timed by CPU time, interleaved: indices() on 1 and 2 threads.
 
-    python bench/wheel_cpu.py NAME=PYTHON [NAME=PYTHON ...] [--rounds 5]
+    python bench/investigations/wheel_cpu.py NAME=PYTHON [NAME=PYTHON ...] [--rounds 5]
 
-Complements bench/wheel_speed.py (wall time, one call per process) on a shared, noisy machine:
+Complements bench/investigations/wheel_speed.py (wall time, one call per process) on a shared, noisy machine:
 CPU time (time.process_time) is less sensitive to other jobs than wall time. Each round starts
 one fresh process per build, in turn; each process times rank 0 of W = 8 at n = 10^8 and 10^9,
 with set_num_threads(1) and (2), best of 3 calls. Reports per case and build the minimum over
@@ -12,7 +12,10 @@ rounds of CPU and wall ns per index, and the sorted CPU times.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/_child.py
 from _child import child_json
 
 CHILD = r"""

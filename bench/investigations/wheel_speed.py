@@ -1,6 +1,6 @@
 """Two builds of fastshard, timed in one run: the same cases, alternating between the builds.
 
-    python bench/wheel_speed.py NAME=PYTHON NAME=PYTHON [--rounds 5]
+    python bench/investigations/wheel_speed.py NAME=PYTHON NAME=PYTHON [--rounds 5]
 
 Each PYTHON is an interpreter whose environment holds one build (e.g. the zig-built
 manylinux_2_28 wheel and the machine's GCC build). Every measurement runs in a fresh process,
@@ -14,7 +14,10 @@ reports the best round. Cases (rank 0 of W = 8, the default order unless named):
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/_child.py
 from _child import child_json
 
 CHILD = r"""

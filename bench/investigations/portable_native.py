@@ -1,6 +1,6 @@
 """The portable wheel beside a -march=native build, in one run, interleaved.
 
-    python bench/portable_native.py PYTHON_PORTABLE PYTHON_NATIVE [--rounds 5]
+    python bench/investigations/portable_native.py PYTHON_PORTABLE PYTHON_NATIVE [--rounds 5]
 
 Each PYTHON is an interpreter (a venv) with one build of fastshard installed. Every round runs
 one fresh child per build, in alternating order, and each child times, best of 3:
@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/_child.py
 from _child import child_json
 
 CHILD = r"""

@@ -1,6 +1,6 @@
 // Alias tables and weight summaries: hashes to compare two builds bit for bit, and phase timings
 // (issue 30). Build it once per core (this tree's, and an older commit's from `git archive`):
-//   g++ -O3 -DNDEBUG -std=c++17 -Icsrc bench/weighted_table.cpp csrc/fastshard/*.cpp -pthread -o /tmp/wt
+//   g++ -O3 -DNDEBUG -std=c++17 -Icsrc bench/investigations/weighted_table.cpp csrc/fastshard/*.cpp -pthread -o /tmp/wt
 //   /tmp/wt hash > new.txt            (12 sizes x 5 weight kinds x 1-3 threads x 3 segment sizes,
 //                                     and invalid weights; diff against the other build's output)
 //   /tmp/wt time N ROUNDS [THREADS]   (sum, summarize_weights, AliasTable, a fresh write of the
