@@ -98,9 +98,10 @@ class PackedSampler(_UnitSampler):
     overlap : bool
         concat only: rows of ``seq_len + 1`` tokens overlapping by one, as Megatron-LM's, so
         that the last input token has a target (``PackedTokens``' ``shift_labels``).
-    long_docs : {"truncate", "split"}, optional
-        best_fit only (default ``"truncate"``): what happens to a document longer than
-        ``seq_len``. Refused with concat, which cuts every document into rows.
+    long_docs : str or None
+        best_fit only: what happens to a document longer than ``seq_len``, ``"truncate"``
+        (what None means) or ``"split"``. Refused with concat, which cuts every document
+        into rows.
     window : int, optional
         Documents per window of the order: default 256 for concat, 2**16 for best_fit
         (chosen by measurement, docs/packing.md).

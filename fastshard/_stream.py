@@ -662,15 +662,15 @@ class ShardedStream(IterableDataset[Any]):
         over a stream (any rank's). The next iteration yields the rest of the saved epoch
         over this stream's ranks and workers, nothing lost and nothing repeated.
 
-        Parameters
-        ----------
-        state : dict
-            The stream's or the loader's state.
-
         A stream built with the default ``lanes`` (``lanes=None``) reads the rest of the
         saved epoch with the lanes it was saved with (the default depends on the batch size
         and the number of ranks, which may have changed), and its own from the next epoch
         on. An explicit ``lanes`` must equal the saved one.
+
+        Parameters
+        ----------
+        state : dict
+            The stream's or the loader's state.
 
         Raises
         ------
