@@ -4,42 +4,59 @@
 >>> sizes, read = readers.tar_shards(sorted(glob.glob("shards/*.tar")))
 >>> stream = ShardedStream(sizes, read, batch_size=32)
 
-``tar_shards`` reads WebDataset-style tar shards, ``parquet_shards`` Parquet files. Each counts
-the items of every shard once, when it is called (tar: a scan of the member headers only;
-Parquet: the row counts in each file's footer), and returns a :class:`Shards` pair whose
-``read(shard, start, stop)`` opens the shard's file, starts as close to row ``start`` as the
-format allows without decoding what lies before it, and yields rows ``[start, stop)`` lazily.
-The ``read`` holds paths and small offset tables only, never an open file, so it pickles to
-DataLoader workers under any start method; every call opens its own file and closes it when
-the stream stops taking items.
+``tar_shards`` reads WebDataset-style tar shards, ``parquet_shards`` Parquet files and
+``mds_shards`` Mosaic streaming's MDS shards. Each counts the items of every shard once, when
+it is called (tar: a header scan in C++, or a shard index written once by ``python -m
+fastshard index``; Parquet: the row counts in each file's footer; MDS: its ``index.json``), and
+returns a :class:`Shards` pair whose ``read(shard, start, stop)`` yields rows ``[start, stop)``
+lazily, starting as close to ``start`` as the format allows without decoding what lies before.
+
+Bounds, whatever the number of open reads (a stream keeps one per lane, and may have
+thousands): a read holds no open file between items. Files are opened by a per-process pool
+of at most ``max_open_files`` (default 64), least recently used closed first, created in the
+process that reads (a DataLoader worker) and never pickled; reads at offsets (``os.pread``)
+let any number of open reads share one file. An open tar read buffers at most one index
+interval (``index_every`` samples); Parquet row groups are decoded once into a per-process
+cache of at most ``cache_bytes`` (default 256 MiB) that every open read slices rows from.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
-import tarfile
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, NamedTuple, Union
 
 import numpy as np
 
-__all__ = ["ParquetRead", "Shards", "TarRead", "parquet_shards", "tar_shards"]
+from . import _core, _index
+
+__all__ = [
+    "MdsRead",
+    "ParquetRead",
+    "Shards",
+    "TarRead",
+    "mds_shards",
+    "parquet_shards",
+    "tar_shards",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 Opener = Callable[[str], IO[bytes]]
 
-# A tar member name "dir/key.ext1.ext2" is sample "dir/key", field "ext1.ext2" (the split
-# webdataset makes: the key ends at the first dot of the last path component).
-_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-# Members named "__...__" at the top (webdataset's per-shard metadata) are not sample fields.
-_META = re.compile(r"__[^/]*__($|/)")
-
-# tar_shards keeps the byte offset of every INDEX_EVERY-th sample of a shard (8 bytes per 16
-# samples), so a read that starts at row r walks the headers of fewer than INDEX_EVERY samples
-# before it (at most 15 headers of 512 bytes per member).
+# The byte offset of every INDEX_EVERY-th sample of a tar shard is kept (8 bytes per 16
+# samples): a read that starts at row r walks the headers of fewer than INDEX_EVERY samples,
+# and an open read buffers at most INDEX_EVERY samples.
 INDEX_EVERY = 16
+# Open shard files per process (per DataLoader worker): well under the usual limit of 1,024.
+MAX_OPEN_FILES = 64
+# Decoded Parquet row groups kept per process (bench/streams_start.py: 256 MiB held the
+# row groups every lane of the default layout was reading on the benchmark's dataset).
+CACHE_BYTES = 256 << 20
+# Rows turned into Python objects at a time by a Parquet or MDS read.
+PY_ROWS = 16
 
 
 class Shards(NamedTuple):
@@ -47,10 +64,6 @@ class Shards(NamedTuple):
 
     sizes: np.ndarray
     read: Callable[[int, int, int], Iterator[Any]]
-
-
-def _open_binary(path: str) -> IO[bytes]:
-    return open(path, "rb")
 
 
 def _paths(paths: Any) -> list[str]:
@@ -68,83 +81,259 @@ def _rows(shard: int, start: int, stop: int, sizes: np.ndarray) -> int:
     return size
 
 
-# -- tar ----------------------------------------------------------------------------------------
-def _samples(tar: tarfile.TarFile, read_data: Callable[[int], bool]) -> Iterator[dict[str, Any]]:
-    """The samples of ``tar`` from its current position, grouped as webdataset groups them:
-    consecutive members with the same key form a sample. Yields ``{"__offset__": header
-    offset of the sample's first member, "__key__": key, ext: bytes or None}``; member data is
-    read only when ``read_data(ordinal)`` is true, otherwise ``tarfile`` seeks over it."""
-    sample: dict[str, Any] | None = None
-    ordinal = -1
-    while True:
-        member = tar.next()
-        if member is None:
-            break
-        name = member.name
-        if not member.isreg() or _META.match(name):
-            continue
-        m = _KEY_EXT.match(name)
-        if m is None:
-            continue
-        key, ext = m.group(1), m.group(2).lower()
-        if sample is None or key != sample["__key__"]:
-            if sample is not None:
-                yield sample
-            ordinal += 1
-            sample = {"__offset__": member.offset, "__key__": key}
-        elif ext in sample:
-            raise ValueError(f"{tar.name!r}: sample {key!r} has two members with extension {ext!r}")
-        if read_data(ordinal):
-            f = tar.extractfile(member)
-            assert f is not None
-            sample[ext] = f.read()
-        else:
-            sample[ext] = None
-        # TarFile keeps every member it has seen; a read needs none of them.
-        tar.members.clear()  # type: ignore[attr-defined]
-    if sample is not None:
-        yield sample
+def _positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
 
 
-def _open_tar(f: IO[bytes], path: str) -> tarfile.TarFile:
+# -- the pool of open files ---------------------------------------------------------------------
+class FilePool:
+    """At most ``max_open`` open files of one process, the least recently used closed first.
+
+    ``open(path)`` opens a file (an ``int`` descriptor by default), ``close(handle)`` closes
+    it, ``size`` (optional) says the length each path must have. A pool belongs to the
+    process that created it: a forked child that finds its parent's pool closes its copies of
+    the files and starts an empty one (see :meth:`for_process`).
+    """
+
+    def __init__(
+        self,
+        max_open: int,
+        open: Callable[[str], Any] | None = None,
+        close: Callable[[Any], None] | None = None,
+        size: Callable[[str], int] | None = None,
+    ) -> None:
+        self.max_open = max_open
+        self._open = open or _open_fd
+        self._close = close or _close_handle
+        self._size = size
+        self.pid = os.getpid()
+        self.files: OrderedDict[str, Any] = OrderedDict()
+        self.opened = 0  # files opened so far (a measure of the pool's churn)
+        # One reader thread at a time per pool: a file object's seek + read are one step.
+        self.lock = threading.RLock()
+
+    def get(self, path: str) -> Any:
+        """The open handle of ``path`` (hold :attr:`lock` while using it)."""
+        files = self.files
+        handle = files.get(path)
+        if handle is not None:
+            files.move_to_end(path)
+            return handle
+        while len(files) >= self.max_open:
+            _, old = files.popitem(last=False)
+            self._close(old)
+        handle = self._open(path)
+        self.opened += 1
+        if self._size is not None:
+            want = self._size(path)
+            have = _handle_size(handle)
+            if want >= 0 and have >= 0 and have != want:
+                self._close(handle)
+                raise ValueError(
+                    f"{path}: {have} bytes, but the shard index says {want}: the file changed "
+                    "after the index was written; write the index again"
+                )
+        files[path] = handle
+        return handle
+
+    def read(self, path: str, offset: int, n: int) -> bytes:
+        """``n`` bytes of ``path`` at ``offset`` (fewer at its end)."""
+        with self.lock:
+            handle = self.get(path)
+            if isinstance(handle, int):
+                return _pread(handle, n, offset)
+            handle.seek(offset)
+            data: bytes = handle.read(n)
+            return data
+
+    def close(self) -> None:
+        with self.lock:
+            while self.files:
+                _, handle = self.files.popitem()
+                self._close(handle)
+
+    def __del__(self) -> None:
+        # A read object dropped with its pool: its files are closed, not leaked.
+        try:
+            if self.pid == os.getpid():
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    @staticmethod
+    def for_process(pool: FilePool | None, make: Callable[[], FilePool]) -> FilePool:
+        """``pool`` if it was made in this process; otherwise a new one from ``make()``."""
+        if pool is not None and pool.pid == os.getpid():
+            return pool
+        if pool is not None:  # inherited through fork: this process's copies of the files
+            pool.close()
+        return make()
+
+
+def _open_fd(path: str) -> int:
+    return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+
+
+def _close_handle(handle: Any) -> None:
+    if isinstance(handle, int):
+        os.close(handle)
+    else:
+        handle.close()
+
+
+def _handle_size(handle: Any) -> int:
+    if isinstance(handle, int):
+        return os.fstat(handle).st_size
     try:
-        return tarfile.open(fileobj=f, mode="r:")
-    except tarfile.ReadError as err:
-        raise ValueError(
-            f"{path}: not an uncompressed tar file ({err}); tar_shards seeks inside shards, "
-            "which a compressed stream cannot do: store shards as plain .tar"
-        ) from None
+        return os.fstat(handle.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return -1
 
 
-def _scan_tar(path: str, every: int, opener: Opener) -> tuple[int, np.ndarray]:
-    offsets: list[int] = []
-    count = 0
-    with opener(path) as f, _open_tar(f, path) as tar:
-        for count, sample in enumerate(_samples(tar, lambda _: False), 1):
-            if (count - 1) % every == 0:
-                offsets.append(sample["__offset__"])
-    return count, np.asarray(offsets, dtype=np.int64)
+if hasattr(os, "pread"):
+
+    def _pread(fd: int, n: int, offset: int) -> bytes:
+        data = os.pread(fd, n, offset)
+        if len(data) == n or not data:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < n:
+            more = os.pread(fd, n - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+else:  # pragma: no cover - Windows: the pool's lock makes seek + read one step
+
+    def _pread(fd: int, n: int, offset: int) -> bytes:
+        os.lseek(fd, offset, os.SEEK_SET)
+        parts = []
+        got = 0
+        while got < n:
+            more = os.read(fd, n - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+
+def _check_pool_args(max_open_files: int) -> int:
+    return _positive(max_open_files, "max_open_files")
+
+
+# -- tar ----------------------------------------------------------------------------------------
+def _not_tar(err: Exception) -> ValueError:
+    return ValueError(
+        f"{err}: not an uncompressed tar file; tar_shards seeks inside shards, which a "
+        "compressed stream cannot do: store shards as plain .tar"
+    )
+
+
+def _scan_tars(
+    paths: list[str], every: int, opener: Opener | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(counts, bounds, flat offsets, ends) of tar shards, by the C++ header scan."""
+    try:
+        if opener is None:
+            counts, bounds, offsets, ends = _core.tar_scan_paths(paths, every)
+            return counts, bounds, offsets, ends
+        c, parts, e = [], [], []
+        for p in paths:
+            with opener(p) as f:
+                n, offs, end = _core.tar_scan(f, every, p)
+            c.append(n)
+            parts.append(offs)
+            e.append(end)
+    except _core.NotTarError as err:
+        raise _not_tar(err) from None
+    bounds = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum([len(o) for o in parts], out=bounds[1:])
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return (np.asarray(c, dtype=np.int64), bounds, flat, np.asarray(e, dtype=np.int64))
 
 
 class TarRead:
     """``read(shard, start, stop)`` over tar shards (see :func:`tar_shards`). Holds the
-    paths and, per shard, the byte offset of every ``index_every``-th sample."""
+    paths and, per shard, the byte offset of every ``index_every``-th sample and the end of
+    its last sample; shards counted without offsets are scanned in the process that first
+    reads them (headers only, once). Pickles as paths and offset tables: the pool of open
+    files is made afresh in each process."""
 
     def __init__(
         self,
         paths: list[str],
         sizes: np.ndarray,
-        index: tuple[np.ndarray, np.ndarray] | None,
+        index: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
         index_every: int,
         opener: Opener | None,
+        max_open_files: int = MAX_OPEN_FILES,
+        filesizes: np.ndarray | None = None,
     ) -> None:
         self.paths = paths
         self.sizes = sizes
-        # (bounds, offsets): shard s's indexed byte offsets are offsets[bounds[s]:bounds[s+1]]
-        # (two flat arrays, not one array per shard: 10**6 shards cost 16 MB, not 100).
+        # (bounds, offsets, ends): shard s's indexed byte offsets are
+        # offsets[bounds[s]:bounds[s+1]] (flat arrays, not one per shard: 10**6 shards cost
+        # 16 MB, not 100), and its last sample ends at byte ends[s].
         self.index = index
         self.index_every = index_every
         self.opener = opener
+        self.max_open_files = max_open_files
+        self.filesizes = filesizes
+        self._pool: FilePool | None = None
+        self._scanned: dict[int, tuple[np.ndarray, int, int]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state["_scanned"] = {}
+        return state
+
+    def files(self) -> FilePool:
+        """This process's pool of open shard files."""
+        self._pool = pool = FilePool.for_process(self._pool, self._make_pool)
+        return pool
+
+    def _make_pool(self) -> FilePool:
+        opener = self.opener
+        size = None
+        if self.filesizes is not None:
+            where = {p: i for i, p in enumerate(self.paths)}
+            fs = self.filesizes
+            size = lambda path: int(fs[where[path]])  # noqa: E731
+        if opener is None:
+            return FilePool(self.max_open_files, size=size)
+        return FilePool(self.max_open_files, open=opener, size=size)
+
+    def _skip(self, path: str, at: int, samples: int) -> tuple[int, int]:
+        """(offset of the sample ``samples`` after the one at byte ``at``, samples passed)."""
+        pool = self.files()
+        with pool.lock:
+            found: tuple[int, int] = _core.tar_skip(pool.get(path), at, samples, path)
+            return found
+
+    def _offsets(self, shard: int) -> tuple[np.ndarray, int, int]:
+        """(offsets of every index_every-th sample, end of the last sample, samples held)."""
+        if self.index is not None:
+            bounds, offsets, ends = self.index
+            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+            return offsets[lo:hi], int(ends[shard]), int(self.sizes[shard])
+        found = self._scanned.get(shard)
+        if found is None:
+            path = self.paths[shard]
+            pool = self.files()
+            try:
+                with pool.lock:
+                    n, offs, end = _core.tar_scan(pool.get(path), self.index_every, path)
+            except _core.NotTarError as err:
+                raise _not_tar(err) from None
+            found = self._scanned[shard] = (offs, int(end), int(n))
+        return found
 
     def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         _rows(shard, start, stop, self.sizes)
@@ -154,39 +343,52 @@ class TarRead:
         if start == stop:
             return
         path = self.paths[shard]
-        first = 0
-        offset = 0
-        if self.index is not None:
-            bounds, offsets = self.index
-            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
-            if hi > lo:
-                slot = min(start // self.index_every, hi - lo - 1)
-                first, offset = slot * self.index_every, int(offsets[lo + slot])
-        with (self.opener or _open_binary)(path) as f:
-            f.seek(offset)
-            with _open_tar(f, path) as tar:
-                want = range(start - first, stop - first)
-                n = first
-                for sample in _samples(tar, want.__contains__):
-                    if n >= start:
-                        del sample["__offset__"]
-                        sample["__url__"] = path
-                        yield sample
-                    n += 1
-                    if n >= stop:
-                        return
-        # Fewer samples than counted: the generator ends short and ShardedStream names the shard.
+        every = self.index_every
+        offsets, end, held = self._offsets(shard)
+        slot = start // every
+        if slot >= len(offsets):
+            return  # fewer samples than counted: ShardedStream names the shard
+        n, at = slot * every, int(offsets[slot])
+        if n < start:
+            at, passed = self._skip(path, at, start - n)
+            if passed < start - n:
+                return
+            n = start
+        pool = self.files()
+        while n < stop:
+            # The next block: up to the next indexed sample, the end, or `stop` (found by
+            # walking headers) when the read stops inside an interval.
+            nxt = (n // every + 1) * every
+            target = min(nxt, stop)
+            if target >= held:
+                target, until = held, end
+            elif target == nxt:
+                until = int(offsets[nxt // every])
+            else:
+                until, _ = self._skip(path, at, target - n)
+            if until <= at:
+                return
+            block = pool.read(path, at, until - at)
+            samples = _core.tar_samples(block, path, path)
+            del block
+            yield from samples[: stop - n]
+            if len(samples) < target - n:
+                return
+            n, at = target, until
 
     def __repr__(self) -> str:
         return f"fastshard.readers.TarRead({len(self.paths)} shards)"
 
 
 def tar_shards(
-    paths: Sequence[PathLike],
+    paths: Sequence[PathLike] | None = None,
     *,
+    index: PathLike | None = None,
     sizes: Sequence[int] | None = None,
     index_every: int = INDEX_EVERY,
     opener: Opener | None = None,
+    max_open_files: int = MAX_OPEN_FILES,
+    share_counts: bool = True,
 ) -> Shards:
     """WebDataset-style tar shards as ``(shard_sizes, read)``.
 
@@ -196,41 +398,86 @@ def tar_shards(
     names without a dot are skipped), as webdataset groups them. ``read(shard, start, stop)``
     yields ``{"__key__": key, "__url__": path, ext: bytes, ...}`` for samples ``[start, stop)``.
 
-    Counting: each shard's member headers are scanned once here with :mod:`tarfile` (which
-    seeks over member data, so only the 512-byte headers are read), keeping the byte offset
-    of every ``index_every``-th sample. A read seeks to the nearest indexed sample at or
-    before ``start`` and walks the headers of the fewer than ``index_every`` samples before
-    ``start`` without reading their data. ``sizes`` (the sample count of each shard, e.g.
-    from a manifest) skips the scan; reads then walk headers from the start of the shard.
+    Counting, once, the first that applies:
+
+    - ``index``: a shard index (``wids-shard-index-v1`` JSON) written by ``python -m fastshard
+      index`` holds the counts and the seek offsets: nothing is scanned. One written by
+      webdataset's tools holds counts only; each shard's offsets are then found by a header
+      scan in the process that first reads it. Urls are relative to the index's folder.
+    - ``sizes`` (one count per path, e.g. from a manifest): no scan here; offsets as above.
+    - Otherwise a C++ scan of the member headers (it seeks over member data), keeping the
+      byte offset of every ``index_every``-th sample. With an initialised
+      ``torch.distributed`` process group of two or more ranks, rank 0 scans and broadcasts
+      the result, so every rank must call ``tar_shards`` with the same paths at the same
+      point; ``share_counts=False`` (on every rank) scans on each rank instead.
+
+    Reading: a read seeks to the nearest indexed sample at or before ``start``, walks the
+    headers of the fewer than ``index_every`` samples before ``start``, then reads whole
+    samples a block at a time, one block (at most ``index_every`` samples) per ``os.pread``,
+    ending at ``stop``. An open read holds one block and no file: files come from a
+    per-process pool of at most ``max_open_files``.
 
     Shards must be uncompressed tar files (a compressed stream cannot seek). ``opener(path)``
-    opens a shard as a seekable binary file (default: ``open(path, "rb")``); it must pickle,
-    as ``read`` does.
+    opens a shard as a seekable binary file (default: the file itself, read with
+    ``os.pread``); it must pickle, as ``read`` does.
     """
-    ps = _paths(paths)
     if isinstance(index_every, bool) or not isinstance(index_every, int) or index_every < 1:
         raise ValueError(f"index_every must be an int >= 1, got {index_every!r}")
-    index: tuple[np.ndarray, np.ndarray] | None
-    if sizes is None:
-        counts = []
-        parts = []
-        for p in ps:
-            count, offsets = _scan_tar(p, index_every, opener or _open_binary)
-            counts.append(count)
-            parts.append(offsets)
-        arr = np.asarray(counts, dtype=np.int64)
-        bounds = np.zeros(len(ps) + 1, dtype=np.int64)
-        np.cumsum([len(o) for o in parts], out=bounds[1:])
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        index = (bounds, flat)
+    max_open_files = _check_pool_args(max_open_files)
+    filesizes = None
+    offsets: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    if index is not None:
+        if paths is not None or sizes is not None:
+            raise ValueError("pass either index= or paths (and sizes=), not both")
+        found = _index.read_tar_index(index)
+        ps = found.paths
+        arr = found.sizes
+        filesizes = found.filesizes
+        if found.offsets is not None:
+            assert found.bounds is not None and found.ends is not None
+            offsets = (found.bounds, found.offsets, found.ends)
+            index_every = found.every
+        else:
+            offsets = None
+    elif paths is None:
+        raise TypeError("tar_shards needs the shard paths or index=")
     else:
-        arr = np.asarray(sizes, dtype=np.int64)
-        if arr.shape != (len(ps),):
-            raise ValueError(
-                f"sizes has shape {arr.shape}, expected one count per path ({len(ps)})"
+        ps = _paths(paths)
+        if sizes is None:
+            counts, bounds, flat, ends = _index.shared(
+                lambda: _scan_tars(ps, index_every, opener), ps, bool(share_counts)
             )
-        index = None
-    return Shards(arr, TarRead(ps, arr, index, index_every, opener))
+            arr = np.asarray(counts, dtype=np.int64)
+            offsets = (bounds, flat, ends)
+        else:
+            arr = np.asarray(sizes, dtype=np.int64)
+            if arr.shape != (len(ps),):
+                raise ValueError(
+                    f"sizes has shape {arr.shape}, expected one count per path ({len(ps)})"
+                )
+            offsets = None
+    read = TarRead(ps, arr, offsets, index_every, opener, max_open_files, filesizes)
+    return Shards(arr, read)
+
+
+def write_tar_index(
+    paths: Sequence[PathLike],
+    output: PathLike,
+    *,
+    index_every: int = INDEX_EVERY,
+    opener: Opener | None = None,
+) -> Shards:
+    """Scan tar shards once and write their index to ``output`` (``wids-shard-index-v1``
+    JSON with fastshard's seek offsets; urls relative to the index's folder). Returns the
+    shards as :func:`tar_shards` would; ``tar_shards(index=output)`` reads them back without
+    scanning. The command line does the same: ``python -m fastshard index SHARD... -o
+    INDEX.json``."""
+    ps = _paths(paths)
+    _positive(index_every, "index_every")
+    counts, bounds, flat, ends = _scan_tars(ps, index_every, opener)
+    _index.write_tar_index(output, ps, counts, index_every, bounds, flat, ends)
+    read = TarRead(ps, counts, (bounds, flat, ends), index_every, opener)
+    return Shards(counts, read)
 
 
 # -- Parquet ------------------------------------------------------------------------------------
@@ -243,13 +490,39 @@ def _pyarrow_parquet() -> Any:
         ) from err
 
 
-# Parquet rows become Python dicts this many at a time.
-_PY_ROWS = 16
+class RowGroupCache:
+    """Decoded row groups of one process, least recently used dropped first once their
+    Arrow buffers exceed ``max_bytes`` (the one just decoded always stays)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.pid = os.getpid()
+        self.tables: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self.sizes: dict[tuple[int, int], int] = {}
+        self.bytes = 0
+        self.decoded = 0  # row groups decoded so far (a measure of the cache's churn)
+
+    def get(self, key: tuple[int, int], decode: Callable[[], Any]) -> Any:
+        table = self.tables.get(key)
+        if table is not None:
+            self.tables.move_to_end(key)
+            return table
+        table = decode()
+        self.decoded += 1
+        size = int(table.nbytes)
+        self.tables[key] = table
+        self.sizes[key] = size
+        self.bytes += size
+        while self.bytes > self.max_bytes and len(self.tables) > 1:
+            old, _ = self.tables.popitem(last=False)
+            self.bytes -= self.sizes.pop(old)
+        return table
 
 
 class ParquetRead:
     """``read(shard, start, stop)`` over Parquet files (see :func:`parquet_shards`). Holds
-    the paths, the columns and, per file, the first row of every row group."""
+    the paths, the columns and, per file, the first row of every row group; the open files
+    and the decoded row groups are per process and never pickled."""
 
     def __init__(
         self,
@@ -257,86 +530,314 @@ class ParquetRead:
         sizes: np.ndarray,
         group_starts: list[np.ndarray],
         columns: list[str] | None,
-        batch_rows: int,
+        batch_rows: int = PY_ROWS,
+        max_open_files: int = MAX_OPEN_FILES,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self.paths = paths
         self.sizes = sizes
         self.group_starts = group_starts
         self.columns = columns
         self.batch_rows = batch_rows
+        self.max_open_files = max_open_files
+        self.cache_bytes = cache_bytes
+        self._pool: FilePool | None = None
+        self._cache: RowGroupCache | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state["_cache"] = None
+        return state
+
+    def files(self) -> FilePool:
+        """This process's pool of open Parquet files."""
+        pq = _pyarrow_parquet()
+        self._pool = pool = FilePool.for_process(
+            self._pool,
+            lambda: FilePool(self.max_open_files, open=pq.ParquetFile, close=_close_parquet),
+        )
+        return pool
+
+    def cache(self) -> RowGroupCache:
+        """This process's decoded row groups."""
+        cache = self._cache
+        if cache is None or cache.pid != os.getpid():
+            cache = self._cache = RowGroupCache(self.cache_bytes)
+        return cache
+
+    def _group(self, shard: int, group: int) -> Any:
+        def decode() -> Any:
+            pool = self.files()
+            with pool.lock:
+                f = pool.get(self.paths[shard])
+                return f.read_row_group(group, columns=self.columns, use_threads=False)
+
+        return self.cache().get((shard, group), decode)
 
     def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         _rows(shard, start, stop, self.sizes)
         return self._read(shard, start, stop)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
-        if start == stop:
-            return
-        pq = _pyarrow_parquet()
         starts = self.group_starts[shard]
-        g0 = int(np.searchsorted(starts, start, side="right")) - 1
-        g1 = int(np.searchsorted(starts, stop, side="left"))
-        row = int(starts[g0])  # the file row of the next batch's first row
-        with pq.ParquetFile(self.paths[shard]) as f:
-            batches = f.iter_batches(
-                batch_size=self.batch_rows,
-                row_groups=range(g0, g1),
-                columns=self.columns,
-                use_threads=False,
-            )
-            for batch in batches:
-                n = batch.num_rows
-                if row + n <= start:  # rows of the first row group before start
-                    row += n
-                    continue
-                lo = max(start - row, 0)
-                hi = min(stop - row, n)
-                # To Python objects a few rows at a time: the stream may stop taking rows
-                # (a lane's window is full) long before `stop`.
-                for i in range(lo, hi, _PY_ROWS):
-                    yield from batch.slice(i, min(_PY_ROWS, hi - i)).to_pylist()
-                row += n
-                if row >= stop:
-                    return
+        size = int(self.sizes[shard])
+        step = self.batch_rows
+        row = start
+        while row < stop:
+            g = int(np.searchsorted(starts, row, side="right")) - 1
+            first = int(starts[g])
+            last = int(starts[g + 1]) if g + 1 < len(starts) else size
+            hi = min(stop, last)
+            while row < hi:
+                k = min(step, hi - row)
+                # The table is looked up again for every few rows and not held across a
+                # yield: an open read keeps no row group alive that the cache dropped.
+                rows = self._group(shard, g).slice(row - first, k).to_pylist()
+                yield from rows
+                row += k
 
     def __repr__(self) -> str:
         return f"fastshard.readers.ParquetRead({len(self.paths)} shards)"
+
+
+def _close_parquet(f: Any) -> None:
+    close = getattr(f, "close", None)
+    if close is not None:
+        close()
+
+
+def _parquet_footers(
+    paths: list[str], columns: list[str] | None
+) -> tuple[list[int], list[np.ndarray]]:
+    pq = _pyarrow_parquet()
+    counts = []
+    group_starts = []
+    for p in paths:
+        meta = pq.read_metadata(p)
+        if columns is not None:
+            schema = meta.schema
+            known = set(schema.to_arrow_schema().names)
+            known.update(schema.column(i).path for i in range(len(schema)))
+            unknown = [c for c in columns if c not in known]
+            if unknown:
+                raise ValueError(
+                    f"{p}: no column {', '.join(map(repr, unknown))}; its columns are "
+                    f"{sorted(schema.to_arrow_schema().names)}"
+                )
+        rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        group_starts.append(np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])[:-1])
+        counts.append(int(meta.num_rows))
+    return counts, group_starts
 
 
 def parquet_shards(
     paths: Sequence[PathLike],
     columns: Sequence[str] | None = None,
     *,
-    batch_rows: int = 256,
+    batch_rows: int = PY_ROWS,
+    max_open_files: int = MAX_OPEN_FILES,
+    cache_bytes: int = CACHE_BYTES,
+    share_counts: bool = True,
 ) -> Shards:
     """Parquet files as ``(shard_sizes, read)``; needs ``pyarrow``.
 
     Each file is a shard of ``metadata.num_rows`` rows, read from its footer (no data is
-    read here). ``read(shard, start, stop)`` yields rows ``[start, stop)`` as dicts
-    ``{column: value}`` of Python values (``pyarrow.RecordBatch.to_pylist``), with only
-    ``columns`` if given. Dicts because a DataLoader's default collate stacks them field by
-    field and they match what webdataset and HF datasets yield; a columnar batch would need
-    a custom collate and would not split into the per-row items the stream orders.
+    read here; with an initialised process group of two or more ranks rank 0 reads the
+    footers and broadcasts them, as :func:`tar_shards` does; ``share_counts=False`` reads
+    them on every rank). ``read(shard, start, stop)`` yields rows ``[start, stop)`` as dicts
+    ``{column: value}`` of Python values (``pyarrow.Table.to_pylist``), with only ``columns``
+    if given: a column that a file does not have is an error, naming it. Dicts because a
+    DataLoader's default collate stacks them field by field and they match what webdataset
+    and HF datasets yield.
 
-    A read decodes from the start of the row group that holds ``start`` (Parquet's smallest
-    unit that can be read alone), in record batches of ``batch_rows`` rows, and turns rows
-    into dicts 16 at a time as the stream takes them: it decodes at most one row group's
-    rows before ``start`` and ``batch_rows`` past the last row taken, no matter how large
-    the file. Rows before ``start`` in a record batch are skipped without conversion. The
-    default 256 was the fastest of 64 to 1024 in bench/streams.py (4 KiB rows); small row
-    groups make reads that start mid-file cheaper.
+    A row group (Parquet's smallest unit that can be read alone) is decoded once per process
+    into a cache shared by every open read, which slices ``batch_rows`` rows at a time from
+    it into Python objects as the stream takes them. The cache holds at most ``cache_bytes``
+    of decoded Arrow data (default 256 MiB, least recently used row groups dropped first):
+    when the row groups that the stream's lanes are reading at once exceed it, a row group
+    is decoded again for each lane that comes back to it. Small row groups (a few hundred
+    rows) keep both the cache and the decode of a read's first rows small. Files come from a
+    per-process pool of at most ``max_open_files``.
     """
-    pq = _pyarrow_parquet()
+    _pyarrow_parquet()
     ps = _paths(paths)
-    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
-        raise ValueError(f"batch_rows must be an int >= 1, got {batch_rows!r}")
+    batch_rows = _positive(batch_rows, "batch_rows")
+    max_open_files = _check_pool_args(max_open_files)
+    cache_bytes = _positive(cache_bytes, "cache_bytes")
     cols = None if columns is None else [str(c) for c in columns]
-    counts = []
-    group_starts = []
-    for p in ps:
-        meta = pq.read_metadata(p)
-        rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        group_starts.append(np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])[:-1])
-        counts.append(int(meta.num_rows))
+    if isinstance(columns, str):
+        raise TypeError("columns must be a sequence of column names, not one string")
+    counts, group_starts = _index.shared(lambda: _parquet_footers(ps, cols), ps, bool(share_counts))
     arr = np.asarray(counts, dtype=np.int64)
-    return Shards(arr, ParquetRead(ps, arr, group_starts, cols, batch_rows))
+    read = ParquetRead(ps, arr, group_starts, cols, batch_rows, max_open_files, cache_bytes)
+    return Shards(arr, read)
+
+
+# -- MDS (Mosaic streaming) ---------------------------------------------------------------------
+_MDS_FIXED = {
+    "int8": "<i1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "int64": "<i8",
+    "uint8": "<u1",
+    "uint16": "<u2",
+    "uint32": "<u4",
+    "uint64": "<u8",
+    "float16": "<f2",
+    "float32": "<f4",
+    "float64": "<f8",
+}
+
+
+def _mds_decoder(encoding: str) -> Callable[[bytes], Any]:
+    import json
+    import pickle
+
+    if encoding == "bytes":
+        return bytes
+    if encoding == "str":
+        return lambda b: b.decode("utf-8")
+    if encoding == "int":
+        return lambda b: int(np.frombuffer(b, np.int64)[0])
+    if encoding in _MDS_FIXED:
+        dtype = np.dtype(_MDS_FIXED[encoding])
+        return lambda b: np.frombuffer(b, dtype)[0]
+    if encoding == "str_int":
+        return lambda b: int(b.decode("utf-8"))
+    if encoding == "str_float":
+        return lambda b: float(b.decode("utf-8"))
+    if encoding == "json":
+        return lambda b: json.loads(b.decode("utf-8"))
+    if encoding == "pkl":
+        return pickle.loads
+    return bytes  # images, ndarrays and custom encodings: the stored bytes, undecoded
+
+
+class MdsRead:
+    """``read(shard, start, stop)`` over uncompressed MDS shards (see :func:`mds_shards`)."""
+
+    def __init__(
+        self,
+        paths: list[str],
+        sizes: np.ndarray,
+        columns: list[tuple[str, str, int | None]],
+        keep: list[str] | None,
+        max_open_files: int = MAX_OPEN_FILES,
+    ) -> None:
+        self.paths = paths
+        self.sizes = sizes
+        self.columns = columns  # (name, encoding, fixed size or None), in storage order
+        self.keep = keep
+        self.max_open_files = max_open_files
+        self._pool: FilePool | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        return state
+
+    def files(self) -> FilePool:
+        """This process's pool of open shard files."""
+        self._pool = pool = FilePool.for_process(self._pool, lambda: FilePool(self.max_open_files))
+        return pool
+
+    def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        _rows(shard, start, stop, self.sizes)
+        return self._read(shard, start, stop)
+
+    def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        path = self.paths[shard]
+        pool = self.files()
+        decoders = [(name, _mds_decoder(enc), size) for name, enc, size in self.columns]
+        keep = None if self.keep is None else set(self.keep)
+        var = sum(size is None for _, _, size in self.columns)
+        for lo in range(start, stop, PY_ROWS):
+            hi = min(lo + PY_ROWS, stop)
+            # Header: uint32 sample count, then count + 1 uint32 offsets of the samples.
+            table = np.frombuffer(pool.read(path, 4 + 4 * lo, 4 * (hi - lo + 1)), "<u4")
+            if len(table) < hi - lo + 1:
+                return
+            base = int(table[0])
+            data = pool.read(path, base, int(table[-1]) - base)
+            rows = []
+            for i in range(hi - lo):
+                at = int(table[i]) - base
+                sizes = np.frombuffer(data, "<u4", count=var, offset=at).tolist() if var else []
+                at += 4 * var
+                row: dict[str, Any] = {}
+                v = 0
+                for name, decode, size in decoders:
+                    if size is None:
+                        size = sizes[v]
+                        v += 1
+                    if keep is None or name in keep:
+                        row[name] = decode(data[at : at + size])
+                    at += size
+                rows.append(row)
+            del data
+            yield from rows
+
+    def __repr__(self) -> str:
+        return f"fastshard.readers.MdsRead({len(self.paths)} shards)"
+
+
+def mds_shards(
+    index: PathLike,
+    columns: Sequence[str] | None = None,
+    *,
+    max_open_files: int = MAX_OPEN_FILES,
+) -> Shards:
+    """Mosaic streaming's MDS shards as ``(shard_sizes, read)``, counted from their
+    ``index.json`` (nothing else is read here).
+
+    ``index`` is the ``index.json`` that ``streaming.MDSWriter`` writes beside its shards
+    (version 2, ``"format": "mds"``); the shards must be stored uncompressed (the
+    ``raw_data`` files next to the index). ``read(shard, start, stop)`` yields dicts
+    ``{column: value}`` (only ``columns`` if given), decoded as Mosaic decodes them for the
+    encodings ``bytes``, ``str``, ``int``, ``int8`` ... ``int64``, ``uint8`` ... ``uint64``,
+    ``float16``/``32``/``64`` (NumPy scalars), ``str_int``, ``str_float``, ``json`` and
+    ``pkl``; any other encoding (``jpeg``, ``png``, ``pil``, ``ndarray``, ...) is yielded as
+    the stored bytes, for the caller to decode. A read fetches a sample's bytes by the
+    offsets table at the start of its shard, 16 samples per ``os.pread``, through the same
+    per-process pool of open files as :func:`tar_shards`.
+    """
+    import json
+
+    index_path = os.path.abspath(os.fspath(index))
+    with open(index_path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
+        raise ValueError(f"{index_path}: not a Mosaic streaming index.json (no 'shards')")
+    base = os.path.dirname(index_path)
+    paths = []
+    counts = []
+    layout: list[tuple[str, str, int | None]] | None = None
+    for i, s in enumerate(doc["shards"]):
+        if s.get("format") != "mds":
+            raise ValueError(f"{index_path}: shard {i} is {s.get('format')!r}, not 'mds'")
+        raw = (s.get("raw_data") or {}).get("basename")
+        path = os.path.join(base, raw) if raw else ""
+        if not raw or not os.path.exists(path):
+            raise ValueError(
+                f"{index_path}: shard {i} has no uncompressed file {raw!r} (compression "
+                f"{s.get('compression')!r}): mds_shards reads uncompressed shards"
+            )
+        cols = list(zip(s["column_names"], s["column_encodings"], s["column_sizes"]))
+        if layout is None:
+            layout = cols
+        elif cols != layout:
+            raise ValueError(f"{index_path}: shard {i} has other columns than shard 0")
+        paths.append(path)
+        counts.append(int(s["samples"]))
+    names = [c[0] for c in layout or []]
+    keep = None if columns is None else [str(c) for c in columns]
+    if keep is not None:
+        unknown = [c for c in keep if c not in names]
+        if unknown:
+            raise ValueError(
+                f"{index_path}: no column {', '.join(map(repr, unknown))}; its columns are {names}"
+            )
+    arr = np.asarray(counts, dtype=np.int64)
+    read = MdsRead(paths, arr, layout or [], keep, _check_pool_args(max_open_files))
+    return Shards(arr, read)

@@ -1,0 +1,179 @@
+"""Shard indexes: counts (and tar seek offsets) written once, read in milliseconds.
+
+The file is webdataset's own shard index (``wids-shard-index-v1``: a ``shardlist`` of ``url``
+and ``nsamples``), so wids and other tools read it too; fastshard's seek offsets sit under an
+extra top-level key, ``"fastshard"``, which they ignore. Relative urls are relative to the index
+file's folder, as wids resolves them.
+
+Also here: counting once per job. When a ``torch.distributed`` process group of two or more
+ranks is initialised, rank 0 counts and the others receive its result (one broadcast), instead
+of every rank reading every shard's headers.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
+
+KIND = "wids-shard-index-v1"
+FORMAT = "fastshard-tar-offsets-v1"
+
+T = TypeVar("T")
+
+
+class TarIndex(NamedTuple):
+    """Counts and, where known, seek offsets of tar shards (flat arrays, see readers.TarRead)."""
+
+    paths: list[str]
+    sizes: np.ndarray  # samples per shard
+    every: int
+    bounds: np.ndarray | None  # shard s's offsets are offsets[bounds[s]:bounds[s + 1]]
+    offsets: np.ndarray | None
+    ends: np.ndarray | None  # per shard: the byte just past its last sample
+    filesizes: np.ndarray | None  # per shard, -1 where unknown
+
+
+def _encode(values: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(values, dtype="<i8").tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<i8").astype(np.int64)
+
+
+def write_tar_index(
+    output: str | os.PathLike[str],
+    paths: Sequence[str | os.PathLike[str]],
+    sizes: np.ndarray,
+    every: int,
+    bounds: np.ndarray,
+    offsets: np.ndarray,
+    ends: np.ndarray,
+) -> dict[str, Any]:
+    """Write the index of tar shards to ``output`` (urls relative to its folder); returns it."""
+    out = os.path.abspath(os.fspath(output))
+    base = os.path.dirname(out)
+    shardlist = []
+    per_shard = []
+    for s, p in enumerate(paths):
+        path = os.path.abspath(os.fspath(p))
+        url = os.path.relpath(path, base).replace(os.sep, "/")
+        shardlist.append(
+            {"url": url, "nsamples": int(sizes[s]), "filesize": int(os.path.getsize(path))}
+        )
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        per_shard.append({"offsets": _encode(offsets[lo:hi]), "end": int(ends[s])})
+    doc = {
+        "__kind__": KIND,
+        "wids_version": 1,
+        "shardlist": shardlist,
+        "fastshard": {"format": FORMAT, "index_every": int(every), "shards": per_shard},
+    }
+    tmp = out + ".partial"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, out)
+    return doc
+
+
+def _resolve(url: str, base: str) -> str:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        return urllib.parse.unquote(parsed.path)
+    if parsed.scheme and len(parsed.scheme) > 1:
+        raise ValueError(
+            f"shard url {url!r}: fastshard reads local files (or a mounted filesystem) only"
+        )
+    return os.path.normpath(os.path.join(base, url))
+
+
+def read_tar_index(index: str | os.PathLike[str]) -> TarIndex:
+    """A ``wids-shard-index-v1`` file: counts always, seek offsets when fastshard wrote it."""
+    path = os.path.abspath(os.fspath(index))
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("shardlist"), list):
+        raise ValueError(f"{path}: not a shard index (no 'shardlist'; expected {KIND!r})")
+    kind = doc.get("__kind__", KIND)
+    if kind != KIND:
+        raise ValueError(f"{path}: __kind__ is {kind!r}, expected {KIND!r}")
+    base = os.path.dirname(path)
+    if isinstance(doc.get("base_path"), str):
+        base = _resolve(doc["base_path"], base)
+    paths = []
+    sizes = []
+    filesizes = []
+    for i, entry in enumerate(doc["shardlist"]):
+        if not isinstance(entry, dict) or "url" not in entry or "nsamples" not in entry:
+            raise ValueError(f"{path}: shardlist[{i}] needs 'url' and 'nsamples', got {entry!r}")
+        n = entry["nsamples"]
+        if type(n) is not int or n < 0:
+            raise ValueError(f"{path}: shardlist[{i}]['nsamples'] must be an int >= 0, got {n!r}")
+        paths.append(_resolve(str(entry["url"]), base))
+        sizes.append(n)
+        size = entry.get("filesize")
+        filesizes.append(size if type(size) is int and size >= 0 else -1)
+    counts = np.asarray(sizes, dtype=np.int64)
+    fsizes = np.asarray(filesizes, dtype=np.int64)
+    extra = doc.get("fastshard")
+    if not isinstance(extra, dict) or extra.get("format") != FORMAT:
+        return TarIndex(paths, counts, 0, None, None, None, fsizes)
+    shards = extra.get("shards")
+    every = extra.get("index_every")
+    if not isinstance(shards, list) or len(shards) != len(paths) or type(every) is not int:
+        raise ValueError(f"{path}: the 'fastshard' offsets do not match the shardlist")
+    parts = [_decode(s["offsets"]) for s in shards]
+    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=bounds[1:])
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    ends = np.asarray([int(s["end"]) for s in shards], dtype=np.int64)
+    for s, n in enumerate(sizes):
+        if len(parts[s]) != -(-n // every):
+            raise ValueError(f"{path}: shard {s} has {n} samples but {len(parts[s])} offsets")
+    return TarIndex(paths, counts, every, bounds, flat, ends, fsizes)
+
+
+# -- counting once per job ---------------------------------------------------------------------
+def shared(compute: Callable[[], T], what: Sequence[str], enabled: bool) -> T:
+    """``compute()`` on rank 0 of an initialised process group of 2+ ranks, its result
+    broadcast to the others (every rank must call this at the same point); ``compute()``
+    locally without a group, inside DataLoader workers, or when ``enabled`` is false.
+
+    ``what`` (the paths) must be the same on every rank: each rank compares its own with rank
+    0's, and all raise together when any differs. An error on rank 0 is raised on every rank.
+    """
+    from . import _distributed
+
+    if not enabled or _distributed._world_size() < 2:
+        return compute()
+    import torch
+    import torch.distributed as dist
+
+    digest = hashlib.blake2b(json.dumps(list(what)).encode(), digest_size=16).hexdigest()
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload = [(digest, None, compute())]
+        except Exception as err:  # every rank raises it, none waits for the broadcast
+            payload = [(digest, err, None)]
+    dist.broadcast_object_list(payload, src=0)
+    theirs, error, result = payload[0]
+    flag = torch.tensor([int(theirs != digest)], dtype=torch.int64, device=_distributed._device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if int(flag.item()):
+        raise ValueError(
+            f"the {dist.get_world_size()} ranks passed different shard lists: rank 0 counts "
+            "the shards for every rank, so every rank must pass the same paths in the same "
+            "order (or pass share_counts=False on every rank to count locally)"
+        )
+    return result  # type: ignore[no-any-return]
