@@ -6,6 +6,8 @@ bench
     fastshard beside torch, torchdata and grain on this machine (see ``fastshard._bench``).
 quality
     the default order's statistics next to torch.randperm (see ``fastshard._quality_report``).
+index
+    a shard index of tar shards (counts and seek offsets) for ``readers.tar_shards(index=...)``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the default order's statistics next to torch.randperm (--help for options)",
         add_help=False,
     )
+    index = commands.add_parser(
+        "index",
+        help="write a shard index of tar shards (wids-shard-index-v1 JSON with seek offsets)",
+        description="Count the samples of tar shards and find their seek offsets once (a "
+        "header scan), and write them as a wids-shard-index-v1 JSON file that "
+        "fastshard.readers.tar_shards(index=...) starts from in milliseconds.",
+    )
+    index.add_argument("shards", nargs="+", metavar="SHARD", help="tar shard files, in order")
+    index.add_argument("-o", "--output", required=True, metavar="INDEX.json")
+    index.add_argument(
+        "--index-every",
+        type=int,
+        default=16,
+        metavar="N",
+        help="keep the offset of every N-th sample (default 16)",
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "quality":
         from . import _quality_report
@@ -44,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "bench":
         return _bench.main(args)
+    if args.command == "index":
+        from . import readers
+
+        shards = readers.write_tar_index(args.shards, args.output, index_every=args.index_every)
+        print(f"{args.output}: {len(shards.sizes)} shards, {int(shards.sizes.sum())} samples")
+        return 0
     parser.print_help(sys.stderr)
     return 2
 

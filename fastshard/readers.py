@@ -41,6 +41,7 @@ __all__ = [
     "mds_shards",
     "parquet_shards",
     "tar_shards",
+    "write_tar_index",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -707,6 +708,10 @@ def _mds_decoder(encoding: str) -> Callable[[bytes], Any]:
         return lambda b: int(b.decode("utf-8"))
     if encoding == "str_float":
         return lambda b: float(b.decode("utf-8"))
+    if encoding == "str_decimal":
+        from decimal import Decimal
+
+        return lambda b: Decimal(b.decode("utf-8"))
     if encoding == "json":
         return lambda b: json.loads(b.decode("utf-8"))
     if encoding == "pkl":
@@ -796,8 +801,8 @@ def mds_shards(
     ``raw_data`` files next to the index). ``read(shard, start, stop)`` yields dicts
     ``{column: value}`` (only ``columns`` if given), decoded as Mosaic decodes them for the
     encodings ``bytes``, ``str``, ``int``, ``int8`` ... ``int64``, ``uint8`` ... ``uint64``,
-    ``float16``/``32``/``64`` (NumPy scalars), ``str_int``, ``str_float``, ``json`` and
-    ``pkl``; any other encoding (``jpeg``, ``png``, ``pil``, ``ndarray``, ...) is yielded as
+    ``float16``/``32``/``64`` (NumPy scalars), ``str_int``, ``str_float``, ``str_decimal``,
+    ``json`` and ``pkl``; any other encoding (``jpeg``, ``png``, ``pil``, ``ndarray``, ...) is yielded as
     the stored bytes, for the caller to decode. A read fetches a sample's bytes by the
     offsets table at the start of its shard, 16 samples per ``os.pread``, through the same
     per-process pool of open files as :func:`tar_shards`.
