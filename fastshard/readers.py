@@ -492,32 +492,36 @@ def _pyarrow_parquet() -> Any:
 
 
 class RowGroupCache:
-    """Decoded row groups of one process, least recently used dropped first once their
-    Arrow buffers exceed ``max_bytes`` (the one just decoded always stays)."""
+    """Decoded row groups of one process, as Python rows, least recently used dropped first
+    once their estimated size exceeds ``max_bytes`` (the one just decoded always stays).
+
+    The size of a row group is its Arrow buffers plus an estimate of the Python objects made
+    from them (a dict per row, an object per value: 232 + 56 bytes per column per row)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.pid = os.getpid()
-        self.tables: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self.groups: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
         self.sizes: dict[tuple[int, int], int] = {}
         self.bytes = 0
         self.decoded = 0  # row groups decoded so far (a measure of the cache's churn)
 
-    def get(self, key: tuple[int, int], decode: Callable[[], Any]) -> Any:
-        table = self.tables.get(key)
-        if table is not None:
-            self.tables.move_to_end(key)
-            return table
-        table = decode()
+    def get(
+        self, key: tuple[int, int], decode: Callable[[], tuple[list[dict[str, Any]], int]]
+    ) -> list[dict[str, Any]]:
+        rows = self.groups.get(key)
+        if rows is not None:
+            self.groups.move_to_end(key)
+            return rows
+        rows, size = decode()
         self.decoded += 1
-        size = int(table.nbytes)
-        self.tables[key] = table
+        self.groups[key] = rows
         self.sizes[key] = size
         self.bytes += size
-        while self.bytes > self.max_bytes and len(self.tables) > 1:
-            old, _ = self.tables.popitem(last=False)
+        while self.bytes > self.max_bytes and len(self.groups) > 1:
+            old, _ = self.groups.popitem(last=False)
             self.bytes -= self.sizes.pop(old)
-        return table
+        return rows
 
 
 class ParquetRead:
@@ -567,12 +571,14 @@ class ParquetRead:
             cache = self._cache = RowGroupCache(self.cache_bytes)
         return cache
 
-    def _group(self, shard: int, group: int) -> Any:
-        def decode() -> Any:
+    def _group(self, shard: int, group: int) -> list[dict[str, Any]]:
+        def decode() -> tuple[list[dict[str, Any]], int]:
             pool = self.files()
             with pool.lock:
                 f = pool.get(self.paths[shard])
-                return f.read_row_group(group, columns=self.columns, use_threads=False)
+                table = f.read_row_group(group, columns=self.columns, use_threads=False)
+            rows = table.to_pylist()
+            return rows, int(table.nbytes) + len(rows) * (232 + 56 * table.num_columns)
 
         return self.cache().get((shard, group), decode)
 
@@ -592,10 +598,12 @@ class ParquetRead:
             hi = min(stop, last)
             while row < hi:
                 k = min(step, hi - row)
-                # The table is looked up again for every few rows and not held across a
-                # yield: an open read keeps no row group alive that the cache dropped.
-                rows = self._group(shard, g).slice(row - first, k).to_pylist()
-                yield from rows
+                # The row group is looked up again for every few rows and not held across a
+                # yield: an open read keeps no row group alive that the cache dropped. Each
+                # row is a fresh dict (the cache's own stay untouched by what a caller does).
+                chunk = self._group(shard, g)[row - first : row - first + k]
+                for item in chunk:
+                    yield dict(item)
                 row += k
 
     def __repr__(self) -> str:
