@@ -21,7 +21,9 @@ Every case runs in a fresh interpreter, imports done before the clock starts:
   before the clock starts (rank 0 scans and broadcasts, as under torchrun), and with an index.
 - parquet: ``parquet_shards`` + ``ShardedStream(batch_size=32)`` at default settings, one
   rank, no workers, beside ``ParquetFile.iter_batches()`` + ``to_pylist()`` over the files in
-  order: rows/s.
+  order: rows/s, and CPU seconds (steadier than wall time on a shared machine); also the
+  reads alone (each file's rows in order, no stream) and the stream alone (a read that yields
+  ints), which split fastshard's time into its parts.
 - bounds: ``batch_size=128`` (1,024 lanes), no workers: the most descriptors open and the peak
   memory growth (VmHWM) over an epoch, tar and Parquet.
 
@@ -170,12 +172,17 @@ kind, paths = sys.argv[1], json.loads(sys.argv[2])
 import pyarrow.parquet as pq
 import fastshard
 from fastshard import readers
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 n = 0
 if kind == "pyarrow":
     for p in paths:
         for batch in pq.ParquetFile(p).iter_batches():
             n += len(batch.to_pylist())
+elif kind == "fastshard reads alone":  # read(shard, 0, rows) of each file in turn, no stream
+    sizes, read = readers.parquet_shards(paths)
+    for shard, rows in enumerate(sizes.tolist()):
+        for item in read(shard, 0, rows):
+            n += 1
 elif kind == "stream alone":  # the same layout, a read that yields ints: the stream's own cost
     sizes = [pq.ParquetFile(p).metadata.num_rows for p in paths]
     stream = fastshard.ShardedStream(sizes, lambda s, a, b: iter(range(a, b)), batch_size=32,
@@ -188,7 +195,7 @@ else:
     for item in stream:
         n += 1
 total = time.perf_counter() - t0
-print(json.dumps({"total": total, "items": n}))
+print(json.dumps({"total": total, "cpu": time.process_time() - c0, "items": n}))
 """
 
 BOUNDS = r"""
@@ -305,17 +312,23 @@ def bench_parquet(parquets: list[str], repeat: int) -> None:
     print(
         "\n### Parquet, row groups of 256 rows of 4 KiB: one rank, no workers, default settings\n"
     )
-    print("| reader | rows/s | ratio to pyarrow | rows |")
-    print("|---|---|---|---|")
+    print("| reader | rows/s | ratio to pyarrow | CPU s | CPU ratio to pyarrow | rows |")
+    print("|---|---|---|---|---|---|")
     runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(repeat):
-        for kind in ("fastshard", "pyarrow", "stream alone"):
+        for kind in ("fastshard", "pyarrow", "fastshard reads alone", "stream alone"):
             runs.setdefault(kind, []).append(child_json(PARQUET, kind, json.dumps(parquets)))
     base = [r["items"] / r["total"] for r in runs["pyarrow"]]
+    base_cpu = [r["cpu"] for r in runs["pyarrow"]]
     for kind, rs in runs.items():
         rates = [r["items"] / r["total"] for r in rs]
         ratios = [a / b for a, b in zip(rates, base)]
-        print(f"| {kind} | {spread(rates)} | {spread(ratios)} | {rs[0]['items']} |")
+        cpu = [r["cpu"] for r in rs]
+        cpu_ratios = [b / a for a, b in zip(cpu, base_cpu)]  # > 1: less CPU than pyarrow
+        print(
+            f"| {kind} | {spread(rates)} | {spread(ratios)} | {spread(cpu)} | "
+            f"{spread(cpu_ratios)} | {rs[0]['items']} |"
+        )
 
 
 def bench_bounds(tars: list[str], parquets: list[str]) -> None:

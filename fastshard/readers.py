@@ -53,11 +53,30 @@ Opener = Callable[[str], IO[bytes]]
 INDEX_EVERY = 16
 # Open shard files per process (per DataLoader worker): well under the usual limit of 1,024.
 MAX_OPEN_FILES = 64
-# Decoded Parquet row groups kept per process (bench/streams_start.py: 256 MiB held the
-# row groups every lane of the default layout was reading on the benchmark's dataset).
+# Decoded Parquet row groups kept per process: the row groups the lanes read at once, about
+# min(lanes, row groups) of them, are decoded once while they fit (bench/streams_start.py: all
+# 80 row groups of 1 MiB of its dataset at batch 32; 256 lanes of 1 MiB row groups at most).
 CACHE_BYTES = 256 << 20
 # Rows turned into Python objects at a time by a Parquet or MDS read.
 PY_ROWS = 16
+
+
+# This process's id, kept current in forked children: the pools and caches compare it on
+# every read, which os.getpid() (a system call) would make cost more than the read.
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _this_pid() -> int:
+    return _pid if hasattr(os, "register_at_fork") else os.getpid()
 
 
 class Shards(NamedTuple):
@@ -109,7 +128,7 @@ class FilePool:
         self._open = open or _open_fd
         self._close = close or _close_handle
         self._size = size
-        self.pid = os.getpid()
+        self.pid = _this_pid()
         self.files: OrderedDict[str, Any] = OrderedDict()
         self.opened = 0  # files opened so far (a measure of the pool's churn)
         # One reader thread at a time per pool: a file object's seek + read are one step.
@@ -158,7 +177,7 @@ class FilePool:
     def __del__(self) -> None:
         # A read object dropped with its pool: its files are closed, not leaked.
         try:
-            if self.pid == os.getpid():
+            if self.pid == _this_pid():
                 self.close()
         except Exception:  # interpreter shutdown
             pass
@@ -166,7 +185,7 @@ class FilePool:
     @staticmethod
     def for_process(pool: FilePool | None, make: Callable[[], FilePool]) -> FilePool:
         """``pool`` if it was made in this process; otherwise a new one from ``make()``."""
-        if pool is not None and pool.pid == os.getpid():
+        if pool is not None and pool.pid == _this_pid():
             return pool
         if pool is not None:  # inherited through fork: this process's copies of the files
             pool.close()
@@ -492,35 +511,47 @@ def _pyarrow_parquet() -> Any:
 
 
 class RowGroupCache:
-    """Decoded row groups of one process, as Python rows, least recently used dropped first
-    once their estimated size exceeds ``max_bytes`` (the one just decoded always stays).
+    """Decoded row groups of one process (Arrow tables), least recently used dropped first
+    once their buffers exceed ``max_bytes`` (the one just decoded always stays).
 
-    The size of a row group is its Arrow buffers plus an estimate of the Python objects made
-    from them (a dict per row, an object per value: 232 + 56 bytes per column per row)."""
+    :meth:`take` turns the rows asked for into Python dicts, new ones at every call. A row
+    group leaves the cache as soon as as many rows were taken from it as it holds (a stream
+    reads each row once per pass in each process); one asked for again decodes again."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.pid = os.getpid()
-        self.groups: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
+        self.pid = _this_pid()
+        self.groups: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self.left: dict[tuple[int, int], int] = {}  # rows not yet taken
         self.sizes: dict[tuple[int, int], int] = {}
         self.bytes = 0
         self.decoded = 0  # row groups decoded so far (a measure of the cache's churn)
 
-    def get(
-        self, key: tuple[int, int], decode: Callable[[], tuple[list[dict[str, Any]], int]]
+    def _drop(self, key: tuple[int, int]) -> None:
+        del self.groups[key], self.left[key]
+        self.bytes -= self.sizes.pop(key)
+
+    def take(
+        self, key: tuple[int, int], lo: int, hi: int, decode: Callable[[], Any]
     ) -> list[dict[str, Any]]:
-        rows = self.groups.get(key)
-        if rows is not None:
+        """Rows ``[lo, hi)`` of a row group, decoded by ``decode()`` if not at hand."""
+        table = self.groups.get(key)
+        if table is not None:
             self.groups.move_to_end(key)
-            return rows
-        rows, size = decode()
-        self.decoded += 1
-        self.groups[key] = rows
-        self.sizes[key] = size
-        self.bytes += size
-        while self.bytes > self.max_bytes and len(self.groups) > 1:
-            old, _ = self.groups.popitem(last=False)
-            self.bytes -= self.sizes.pop(old)
+        else:
+            table = decode()
+            self.decoded += 1
+            size = int(table.nbytes)
+            self.groups[key] = table
+            self.left[key] = table.num_rows
+            self.sizes[key] = size
+            self.bytes += size
+            while self.bytes > self.max_bytes and len(self.groups) > 1:
+                self._drop(next(iter(self.groups)))
+        rows: list[dict[str, Any]] = table.slice(lo, hi - lo).to_pylist()
+        self.left[key] -= hi - lo
+        if self.left[key] <= 0:
+            self._drop(key)
         return rows
 
 
@@ -567,20 +598,19 @@ class ParquetRead:
     def cache(self) -> RowGroupCache:
         """This process's decoded row groups."""
         cache = self._cache
-        if cache is None or cache.pid != os.getpid():
+        if cache is None or cache.pid != _this_pid():
             cache = self._cache = RowGroupCache(self.cache_bytes)
         return cache
 
-    def _group(self, shard: int, group: int) -> list[dict[str, Any]]:
-        def decode() -> tuple[list[dict[str, Any]], int]:
+    def _take(self, shard: int, group: int, lo: int, hi: int) -> list[dict[str, Any]]:
+        def decode() -> Any:
             pool = self.files()
             with pool.lock:
                 f = pool.get(self.paths[shard])
                 table = f.read_row_group(group, columns=self.columns, use_threads=False)
-            rows = table.to_pylist()
-            return rows, int(table.nbytes) + len(rows) * (232 + 56 * table.num_columns)
+            return table.combine_chunks()
 
-        return self.cache().get((shard, group), decode)
+        return self.cache().take((shard, group), lo, hi, decode)
 
     def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         _rows(shard, start, stop, self.sizes)
@@ -598,12 +628,9 @@ class ParquetRead:
             hi = min(stop, last)
             while row < hi:
                 k = min(step, hi - row)
-                # The row group is looked up again for every few rows and not held across a
-                # yield: an open read keeps no row group alive that the cache dropped. Each
-                # row is a fresh dict (the cache's own stay untouched by what a caller does).
-                chunk = self._group(shard, g)[row - first : row - first + k]
-                for item in chunk:
-                    yield dict(item)
+                # A few rows at a time from the cache, which hands each row out once: an open
+                # read holds no row group between items.
+                yield from self._take(shard, g, row - first, row - first + k)
                 row += k
 
     def __repr__(self) -> str:

@@ -606,3 +606,26 @@ def test_mds_shards_match_mosaic(tmp_path: Path) -> None:
     sizes, read = readers.mds_shards(out / "index.json", columns=["key"])
     stream = fastshard.ShardedStream(sizes, read, batch_size=4, num_replicas=1, rank=0, pad=False)
     assert Counter(x["key"] for x in stream) == Counter(f"k{i}" for i in range(n))
+
+
+def test_damaged_tars_raise_or_stop_never_crash(formats: dict[str, str]) -> None:
+    """Truncated and corrupted archives: the scan, the skip and the cut into samples end or
+    raise ValueError (as tarfile ends or raises), never read out of bounds."""
+    data = Path(formats["pax_long"]).read_bytes()
+    rng = np.random.default_rng(5)
+    cases = [data[:cut] for cut in range(0, len(data), 4999)]
+    for _ in range(20):
+        b = bytearray(data)
+        for i in rng.integers(0, len(b), 8):
+            b[i] = int(rng.integers(0, 256))
+        cases.append(bytes(b))
+    for case in cases:
+        for call in (
+            lambda f: _core.tar_scan(f, 3, "x"),
+            lambda f: _core.tar_skip(f, 0, 5, "x"),
+            lambda f: _core.tar_samples(f.getvalue(), "x", "x"),
+        ):
+            try:
+                call(io.BytesIO(case))
+            except ValueError:
+                pass
