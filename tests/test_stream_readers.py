@@ -464,8 +464,10 @@ PARQUET_CHILD = textwrap.dedent(
     seen = set()
     for item in stream:
         seen.add((item["shard"], item["row"]))
+    cache = getattr(read, "cache", None)
     print(json.dumps({"items": len(seen), "growth_kib": hwm() - base,
-                      "decoded": read.cache().decoded, "groups": sum(map(len, read.group_starts))}))
+                      "decoded": cache().decoded if cache else None,
+                      "groups": sum(map(len, read.group_starts))}))
     """
 )
 
