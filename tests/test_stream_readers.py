@@ -631,3 +631,41 @@ def test_damaged_tars_raise_or_stop_never_crash(formats: dict[str, str]) -> None
                 call(io.BytesIO(case))
             except ValueError:
                 pass
+
+
+@pytest.mark.extended
+def test_tar_code_under_sanitizers(formats: dict[str, str], tmp_path: Path) -> None:
+    """csrc/fastshard/tar.cpp built with AddressSanitizer and UBSan (tests/cpp/tar_fuzz.cpp):
+    every truncation and thousands of random byte changes of the test archives end or raise
+    the scanner's errors without reading outside the bytes given. Needs the source tree and a
+    compiler with the sanitizers; skipped without them."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    source = root / "tests" / "cpp" / "tar_fuzz.cpp"
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None or not (root / "csrc" / "fastshard" / "tar.cpp").exists():
+        pytest.skip("needs the source tree and a C++ compiler")
+    exe = tmp_path / "tar_fuzz"
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1"]
+    build = subprocess.run(
+        [
+            compiler,
+            "-std=c++17",
+            *flags,
+            f"-I{root / 'csrc'}",
+            str(source),
+            str(root / "csrc" / "fastshard" / "tar.cpp"),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if build.returncode != 0 and "sanitize" in build.stderr:
+        pytest.skip("the compiler has no sanitizers")
+    assert build.returncode == 0, build.stderr
+    archives = [formats[k] for k in ("ustar_prefix", "gnu_long", "pax_global", "webdataset")]
+    run = subprocess.run([str(exe), *archives], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr[-3000:]
