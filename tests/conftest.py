@@ -1,3 +1,4 @@
+import importlib
 import json
 import os
 import signal
@@ -5,6 +6,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 import pytest
 
@@ -180,3 +182,12 @@ def launch_ranks(worker, world: int, timeout: float) -> list:
             what = f"did not finish in {timeout} s (a hang?)" if code is None else f"exited {code}"
             pytest.fail(f"rank {r} {what}:\n{err[-3000:]}")
     return [json.loads(out.strip().splitlines()[-1])["results"] for out, _, _ in finished]
+
+
+def peer(module: str) -> Any:
+    """Import a peer library that a test checks fastshard against (a writer of a format it
+    reads): skip without it, or fail under FASTSHARD_REQUIRE_PEERS=1, where .ci/run installs
+    them."""
+    if os.environ.get("FASTSHARD_REQUIRE_PEERS") == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module)

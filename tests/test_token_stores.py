@@ -15,6 +15,8 @@ import torch
 
 from fastshard import PackedSampler, PackedTokens, TokenStore, collate_rows
 
+from .conftest import peer
+
 DATA = Path(__file__).resolve().parent / "data"
 # tests/data/megatron_int32.{bin,idx}: written by megatron-core 0.19.2's IndexedDatasetBuilder
 # from fixture_documents() (test_the_fixture_is_megatron_cores_output rebuilds it when
@@ -36,7 +38,7 @@ def fixture_documents() -> list[list[list[int]]]:
 def megatron():
     with warnings.catch_warnings():  # it warns that Transformer Engine and Apex are absent
         warnings.simplefilter("ignore")
-        return pytest.importorskip("megatron.core.datasets.indexed_dataset")
+        return peer("megatron.core.datasets.indexed_dataset")
 
 
 def megatron_write(prefix: Path, docs: list[list[list[int]]], dtype) -> None:
@@ -174,7 +176,7 @@ def test_pyarrow_chunked_and_sliced():
 
 
 def test_datasets_column(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    datasets = peer("datasets")
     docs = random_documents(300, seed=3, vocab=128_000)
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint32"))})
     ds = datasets.Dataset.from_dict({"input_ids": docs}, features=features)
