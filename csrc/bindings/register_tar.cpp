@@ -71,6 +71,25 @@ fastshard::ReadAt file_reader(const py::object& f) {
 PyObject* not_tar_error = nullptr;
 PyObject* tar_format_error = nullptr;
 
+// Raises a stored error of the tar code as the matching Python exception (with the GIL held).
+// Its message is prefixed with `path` unless it names the file already (or `path` is empty).
+[[noreturn]] void raise_tar_error(std::exception_ptr error, const std::string& path) {
+    const auto named = [&](const std::string& what) {
+        return path.empty() || what.rfind(path + ": ", 0) == 0 ? what : path + ": " + what;
+    };
+    try {
+        std::rethrow_exception(error);
+    } catch (const OsError& e) {
+        errno = e.err;
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, e.path.c_str());
+    } catch (const fastshard::NotTarError& e) {
+        PyErr_SetString(not_tar_error, named(e.what()).c_str());
+    } catch (const fastshard::TarFormatError& e) {
+        PyErr_SetString(tar_format_error, named(e.what()).c_str());
+    }
+    throw py::error_already_set();
+}
+
 // Runs fn without the GIL and raises what it threw as the matching Python exception.
 template <class Fn>
 void run_released(const std::string& path, Fn&& fn) {
@@ -83,23 +102,7 @@ void run_released(const std::string& path, Fn&& fn) {
             error = std::current_exception();
         }
     }
-    if (!error) return;
-    try {
-        std::rethrow_exception(error);
-    } catch (const OsError& e) {
-        errno = e.err;
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, e.path.c_str());
-        throw py::error_already_set();
-    } catch (const fastshard::NotTarError& e) {
-        PyErr_SetString(not_tar_error, (path + ": " + e.what()).c_str());
-        throw py::error_already_set();
-    } catch (const fastshard::TarFormatError& e) {
-        const std::string what = e.what();
-        // Grouping errors already name the file.
-        const std::string msg = what.rfind(path + ": ", 0) == 0 ? what : path + ": " + what;
-        PyErr_SetString(tar_format_error, msg.c_str());
-        throw py::error_already_set();
-    }
+    if (error) raise_tar_error(error, path);
 }
 
 template <class Fn>
@@ -180,22 +183,8 @@ py::tuple scan_paths(const std::vector<std::string>& paths, std::uint64_t every,
             error = std::current_exception();
         }
     }
-    if (error) {
-        // Raised with the GIL held: the message names the file (each error carries its path).
-        try {
-            std::rethrow_exception(error);
-        } catch (const OsError& e) {
-            errno = e.err;
-            PyErr_SetFromErrnoWithFilename(PyExc_OSError, e.path.c_str());
-            throw py::error_already_set();
-        } catch (const fastshard::NotTarError& e) {
-            PyErr_SetString(not_tar_error, e.what());
-            throw py::error_already_set();
-        } catch (const fastshard::TarFormatError& e) {
-            PyErr_SetString(tar_format_error, e.what());
-            throw py::error_already_set();
-        }
-    }
+    // Each error carries its file's path in its message already.
+    if (error) raise_tar_error(error, "");
     std::vector<std::uint64_t> counts(paths.size());
     std::vector<std::uint64_t> bounds(paths.size() + 1);
     std::vector<std::uint64_t> ends(paths.size());
