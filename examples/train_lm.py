@@ -441,7 +441,7 @@ def plot(runs: list[Path], labels: list[str] | None, out: Path) -> None:
         for r in resumes:
             top.axvline(r, color="grey", lw=0.8, ls=":")
             bottom.axvline(r, color="grey", lw=0.8, ls=":")
-    top.set_ylabel("training loss (nats per byte)")
+    top.set_ylabel("training loss (nats per token)")
     top.legend()
     top.grid(alpha=0.3)
     bottom.set_ylabel(f"loss - {labels[0]}")
