@@ -51,6 +51,7 @@ download. The pieces, top to bottom:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -484,6 +485,11 @@ def main() -> int:
         return 0
     if not args.workdir:
         p.error("--workdir is required to train")
+    missing = [m for m in ("transformers", "torchdata") if importlib.util.find_spec(m) is None]
+    if missing:
+        p.error(
+            f"training needs {' and '.join(missing)}: pip install transformers torchdata (or fastshard's integrations extra)"
+        )
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
