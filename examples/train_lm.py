@@ -76,7 +76,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import fastshard
 
-TOKEN_DTYPE = np.uint16  # the store's dtype, passed explicitly wherever tokens are read
+TOKEN_DTYPE = np.uint16  # written to meta.json, read from there and passed to PackedTokens
 EOT = 256  # closes every file
 VOCAB_SIZE = 257
 
@@ -112,11 +112,12 @@ def build_store(data: Path, holdout: int) -> None:
     train, held = [], []
     for i, path in enumerate(stdlib_files()):
         text = path.read_bytes()
-        if text:  # PackedSampler wants every document to hold a token: EOT alone would do,
-            (held if i % holdout == holdout - 1 else train).append(text)  # but skip them
+        if text:  # empty files (many __init__.py) are left out: EOT alone teaches nothing
+            (held if i % holdout == holdout - 1 else train).append(text)
     write_split(tmp / "train", train)
     write_split(tmp / "heldout", held)
-    meta = {"source": "stdlib .py", "python": sys.version.split()[0], "dtype": "uint16",
+    meta = {"source": "stdlib .py", "python": sys.version.split()[0],
+            "dtype": np.dtype(TOKEN_DTYPE).name,
             "vocab_size": VOCAB_SIZE, "eot": EOT, "holdout": holdout,
             "files": {"train": len(train), "heldout": len(held)}}  # fmt: skip
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -128,11 +129,11 @@ class Rows(Dataset):
     ``fastshard.PackedTokens``; the row's id is the index in tokens.bin of its first token
     (in concat mode a token lies in exactly one row of an epoch, so ids are unique)."""
 
-    def __init__(self, split: Path, seq_len: int) -> None:
+    def __init__(self, split: Path, seq_len: int, dtype: np.dtype) -> None:
         self.offsets = np.load(split / "offsets.npy")  # n + 1 int64: small
         self.lengths = np.diff(self.offsets)
         self.tokens = fastshard.PackedTokens(
-            split / "tokens.bin", split / "offsets.npy", seq_len, dtype=TOKEN_DTYPE
+            split / "tokens.bin", split / "offsets.npy", seq_len, dtype=dtype
         )  # paths: each DataLoader worker maps the file itself
 
     def __getitem__(self, row: np.ndarray) -> tuple[torch.Tensor, int]:
@@ -195,17 +196,26 @@ class Trainer:
         if self.rank == 0 and not data.exists():
             build_store(data, args.holdout)
         dist.barrier()
-        self.meta = json.loads((data / "meta.json").read_text())
-        self.train = Rows(data / "train", args.seq_len)
-        self.heldout = Rows(data / "heldout", args.seq_len)
+        meta = json.loads((data / "meta.json").read_text())
+        dtype = np.dtype(meta["dtype"])  # the tokens are read as the store says they are kept
+        self.train = Rows(data / "train", args.seq_len, dtype)
+        self.heldout = Rows(data / "heldout", args.seq_len, dtype)
+        lengths = self.train.lengths[: args.train_files]  # all of them by default
         self.sampler = fastshard.PackedSampler(
-            self.train.lengths, args.seq_len, mode="concat", seed=args.seed
+            lengths, args.seq_len, mode="concat", seed=args.seed
         )  # num_replicas and rank from the process group
+        # Every epoch is the same whole number of steps on any W of the same global batch, so
+        # that a step trains on the same rows whatever W: the epoch's last rows, fewer than a
+        # global batch, are left out (as padding would otherwise be read).
+        self.steps_per_epoch = self.sampler.num_rows // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise SystemExit(f"an epoch holds {self.sampler.num_rows} rows, fewer than a step")
         self.model = DistributedDataParallel(make_model(args).to(self.device))
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
         )
-        self.step, self.epoch, self.consumed = 0, 0, 0  # consumed: this rank's rows this epoch
+        self.step = 0  # optimizer steps done; the epoch is step // steps_per_epoch
+        self.in_pass = 0  # rows this rank took since the sampler's pass began (epoch or resume)
         self.loader = self.make_loader()
 
     def make_loader(self) -> Any:
@@ -217,7 +227,6 @@ class Trainer:
             self.train,
             sampler=self.sampler,
             batch_size=self.args.batch_size,
-            drop_last=True,  # every micro-batch full: a step is always the same number of rows
             num_workers=2,
             collate_fn=collate,
         )
@@ -240,9 +249,8 @@ class Trainer:
                     "model": self.model.module.state_dict(),
                     "optimizer": self.opt.state_dict(),
                     # rank-free: the epoch and the global cursor, loadable on any W
-                    "sampler": self.sampler.state_dict(consumed=self.consumed),
+                    "sampler": self.sampler.state_dict(consumed=self.in_pass),
                     "step": self.step,
-                    "epoch": self.epoch,
                     "world": self.world,
                     "global_batch": self.global_batch,
                 },
@@ -252,7 +260,7 @@ class Trainer:
                "python": random.getstate()}  # fmt: skip
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        loader = {"loader": self.loader.state_dict(), "consumed": self.consumed, "rng": rng}
+        loader = {"loader": self.loader.state_dict(), "rng": rng}
         torch.save(loader, tmp / f"rank{self.rank}.pt")
         dist.barrier()  # every rank has written
         if self.rank == 0:
@@ -271,20 +279,20 @@ class Trainer:
             )
         self.model.module.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
-        self.step, self.epoch = ckpt["step"], ckpt["epoch"]
+        self.step, self.in_pass = ckpt["step"], 0
+        mid_epoch = self.step % self.steps_per_epoch != 0  # else the next epoch starts afresh
         if ckpt["world"] == self.world:  # this rank's loader exactly as it was, workers included
             mine = torch.load(folder / f"rank{self.rank}.pt", weights_only=False)
-            self.loader.load_state_dict(mine["loader"])
-            self.consumed = mine["consumed"]
+            if mid_epoch:
+                self.loader.load_state_dict(mine["loader"])
             rng = mine["rng"]
             torch.set_rng_state(rng["torch"])
             np.random.set_state(rng["numpy"])
             random.setstate(rng["python"])
             if "cuda" in rng and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
-        else:  # the rest of the epoch re-sharded over this W; the loader starts afresh
+        elif mid_epoch:  # the rest of the epoch re-sharded over this W; the loader starts afresh
             self.sampler.load_state_dict(ckpt["sampler"])
-            self.consumed = ckpt["sampler"]["cursor"] // self.world
         if self.rank == 0:  # the log as it was at the checkpoint
             log = self.workdir / "losses.jsonl"
             kept = []
@@ -299,13 +307,17 @@ class Trainer:
 
     # -- steps --------------------------------------------------------------------------------
     def batches(self) -> Any:
-        """Micro-batches forever, epoch after epoch."""
-        while True:
-            for batch in self.loader:
-                self.consumed += self.args.batch_size
+        """This rank's micro-batches, steps_per_epoch x --accumulate of them an epoch."""
+        while True:  # at the start of a step
+            epoch, done = divmod(self.step, self.steps_per_epoch)
+            if done == 0:  # a new epoch, not one resumed in its middle
+                self.sampler.set_epoch(epoch)
+                self.in_pass = 0
+            loader = iter(self.loader)  # after a resume: from the checkpoint's point on
+            for _ in range((self.steps_per_epoch - done) * self.args.accumulate):
+                batch = next(loader)
+                self.in_pass += self.args.batch_size
                 yield batch
-            self.epoch, self.consumed = self.epoch + 1, 0
-            self.sampler.set_epoch(self.epoch)
 
     def train_step(self, batches: Any) -> dict[str, Any]:
         args, t0 = self.args, time.perf_counter()
@@ -334,7 +346,7 @@ class Trainer:
         dist.all_gather(every, mine)
         return {
             "step": self.step,
-            "epoch": self.epoch,
+            "epoch": (self.step - 1) // self.steps_per_epoch,
             "loss": (loss_sum / (self.world * args.accumulate)).item(),
             "rows": sorted(torch.cat(every).tolist()),
             "lr": lr_at(self.step - 1, args),
@@ -385,7 +397,7 @@ class Trainer:
             where = f"step {self.step} ({ckpt})" if resumed else "step 0"
             print(f"{self.world} ranks x {args.accumulate} x {args.batch_size} rows of "
                   f"{args.seq_len} tokens a step, {n:,} parameters, from {where}; "
-                  f"{self.sampler.num_rows:,} rows an epoch", flush=True)  # fmt: skip
+                  f"{self.steps_per_epoch:,} steps an epoch", flush=True)  # fmt: skip
         if resumed:
             write({"resumed_at": self.step, "world": self.world, "accumulate": args.accumulate})
         batches = self.batches()
@@ -461,6 +473,7 @@ def main() -> int:
     p.add_argument("--workdir", help="checkpoints and losses.jsonl")
     p.add_argument("--data", default="data/stdlib", help="the token store (built if missing)")
     p.add_argument("--holdout", type=int, default=50, help="every HOLDOUT-th file is held out")
+    p.add_argument("--train-files", type=int, help="train on the store's first N files only")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8, help="rows per rank per micro-batch")

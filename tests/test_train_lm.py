@@ -1,6 +1,8 @@
 """A language model pretrained on packed rows, killed and resumed: examples/train_lm.py.
 
-One uninterrupted run of N steps on 2 ranks; a second run of the same configuration killed by
+The runs train on the first few files of the standard library, so that the 40 steps cross
+epochs (every 4 to 16 steps), before and after the resume. One uninterrupted run of N steps
+on 2 ranks; a second run of the same configuration killed by
 SIGKILL to its whole process group once its checkpoint at step K is on disk (a fault: nothing
 is flushed or closed), then resumed from that checkpoint on 2 ranks, and on 1 rank with
 ``--accumulate 2`` (the same global batch). The script logs every step's loss and rows
@@ -22,8 +24,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 
 from .conftest import child_env, free_port, kill_group, launch
@@ -38,6 +41,12 @@ CONFIG = ["--steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY), "--seq-len", s
           "--batch-size", str(BATCH), "--dim", "64", "--layers", "2", "--heads", "4",
           "--keep", "0", "--print-every", "1000"]  # fmt: skip
 LAUNCH_TIMEOUT = 300  # seconds for one torchrun job; a hang fails the test
+TOKENS_PER_STEP = 2 * BATCH * SEQ_LEN  # 2 ranks
+
+
+class Store(NamedTuple):
+    path: Path
+    train_files: int  # the runs train on this many of the store's first files
 
 
 def _require(module: str) -> None:
@@ -48,15 +57,16 @@ def _require(module: str) -> None:
         pytest.skip(why)
 
 
-def torchrun(world: int, workdir: Path, data: Path, *extra: str) -> list[str]:
+def torchrun(world: int, workdir: Path, data: Store, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={world}",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(EXAMPLE),
-        "--workdir", str(workdir), "--data", str(data), *CONFIG, *extra,
+        "--workdir", str(workdir), "--data", str(data.path),
+        "--train-files", str(data.train_files), *CONFIG, *extra,
     ]  # fmt: skip
 
 
-def run(world: int, workdir: Path, data: Path, *extra: str) -> str:
+def run(world: int, workdir: Path, data: Store, *extra: str) -> str:
     rc, out = launch(torchrun(world, workdir, data, *extra), LAUNCH_TIMEOUT)
     assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
     return out
@@ -82,10 +92,21 @@ def checkpoints(workdir: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
+def data(tmp_path_factory) -> Store:
+    """The example's token store, built here by its own function, and the number of files
+    that makes an epoch 4 to 16 steps (11 on CPython 3.11)."""
     _require("transformers")
     _require("torchdata")
-    return tmp_path_factory.mktemp("lm") / "stdlib"  # built by the first run
+    spec = importlib.util.spec_from_file_location("train_lm", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    path = tmp_path_factory.mktemp("lm") / "stdlib"
+    example.build_store(path, 50)
+    offsets = np.load(path / "train" / "offsets.npy")
+    files = int(np.searchsorted(offsets, 16 * TOKENS_PER_STEP, side="right")) - 1
+    assert offsets[files] // TOKENS_PER_STEP >= 4, offsets[:10]
+    return Store(path, files)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +203,10 @@ def test_the_loss_falls(uninterrupted):
     assert losses[0] == pytest.approx(math.log(257), abs=0.2)
     assert last < first - 1.0, (first, last)
     assert evals[0]["eval_loss"] < first - 1.0
-    # every step trains on rows no earlier step used (one epoch holds ~240,000 rows)
-    seen = [r for s in range(1, STEPS + 1) for r in full[s]["rows"]]
-    assert len(seen) == len(set(seen)) == STEPS * 2 * BATCH
+    # every epoch is the same number of steps, and none trains on a row twice
+    epochs: dict[int, list[int]] = {}
+    for s in range(1, STEPS + 1):
+        epochs.setdefault(full[s]["epoch"], []).extend(full[s]["rows"])
+    assert len(epochs) >= 3, sorted(epochs)  # so the resumed runs crossed an epoch after step 20
+    sizes = {len(rows) for e, rows in epochs.items() if e < max(epochs)}
+    assert len(sizes) == 1 and all(len(set(rows)) == len(rows) for rows in epochs.values())
