@@ -24,7 +24,8 @@ download. The pieces, top to bottom:
 - **Global batch**: W x ``--accumulate`` x ``--batch-size`` rows a step. Another W with the
   same product trains on the same rows each step: with W = 2 rank 0 takes the step's even
   rows and rank 1 the odd; with W = 1 and ``--accumulate 2`` one rank takes them all in two
-  micro-batches.
+  micro-batches. Every epoch is ``rows // global batch`` steps on any W (its last rows, fewer
+  than a global batch, left out), so that holds across epochs too.
 - **Checkpoints** every ``--ckpt-every`` steps in ``WORKDIR/ckpt/step_NNNNNN/``: rank 0 writes
   the model, the optimizer and the sampler's state (the epoch and the global cursor: it holds
   no rank); every rank writes its loader's state and its RNG states. The files go to a
@@ -33,7 +34,8 @@ download. The pieces, top to bottom:
 - **Resume**: a start with a checkpoint in ``WORKDIR`` continues from the latest one. On the
   same W each rank loads its loader's state (the workers' too); on another W (the same
   global batch) every rank loads the sampler's state, which re-shards the rest of the epoch
-  over the new ranks. ``losses.jsonl`` is cut back to the checkpoint's step first.
+  over the new ranks; a checkpoint at an epoch's last step resumes into the next epoch.
+  ``losses.jsonl`` is cut back to the checkpoint's step first.
 - **Log**: rank 0 appends one JSON line per step to ``WORKDIR/losses.jsonl``: the step, the
   loss (the mean of the ranks' losses, as a float that round-trips exactly), the step's rows
   (each named by the index of its first token in ``tokens.bin``, sorted), the step time; and
@@ -41,6 +43,7 @@ download. The pieces, top to bottom:
 - **Evaluation** every ``--eval-every`` steps and at the end: the held-out rows with
   ``pad=False``, so that every row counts once whatever W; the ranks all-reduce the loss sum
   and the token count.
+- ``--train-files N``: train on the store's first N files only (quick runs, tests).
 - ``--fail-at STEP``: rank 0 kills itself (SIGKILL) after that step in a run that did not
   resume, as a fault would; under ``torchrun --max-restarts 1`` the next attempt resumes.
 - ``--plot RUN [RUN ...] --out FILE`` (no torchrun): the runs' loss curves on one figure,
