@@ -8,8 +8,8 @@ is flushed or closed), then resumed from that checkpoint on 2 ranks, and on 1 ra
 ``--accumulate 2`` (the same global batch). The script logs every step's loss and rows
 (``losses.jsonl``), which are compared here step by step.
 
-Four torchrun jobs of a 0.13 M-parameter model: 65 s on a shared 2-core machine (load average
-3-5), docs/train-lm.md.
+Four torchrun jobs of a 0.13 M-parameter model: 40-65 s on a shared 2-core machine (load
+average 2-5), docs/train-lm.md.
 """
 
 from __future__ import annotations
