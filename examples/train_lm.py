@@ -410,10 +410,11 @@ class Trainer:
             if self.rank == 0 and self.step % args.print_every == 0:
                 print(f"step {self.step}: loss {record['loss']:.4f}, "
                       f"{record['step_time']:.3f} s", flush=True)  # fmt: skip
-            if self.step % args.ckpt_every == 0 or self.step == args.steps:
-                self.save()
+            # evaluate before the checkpoint: a run resumed from it has this step's evaluation
             if args.eval_every and self.step % args.eval_every == 0 and self.step < args.steps:
                 write(self.evaluate())
+            if self.step % args.ckpt_every == 0 or self.step == args.steps:
+                self.save()
             if self.step == args.fail_at and not resumed and self.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # a fault: no clean-up of any kind
         result = self.evaluate()
