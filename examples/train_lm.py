@@ -15,8 +15,8 @@ download. The pieces, top to bottom:
 - **Rows**: ``fastshard.PackedSampler(lengths, seq_len, mode="concat")``: the files in a
   keyed order, concatenated and cut into rows of ``seq_len`` tokens, the rows shuffled; rank
   r of W takes rows r, r + W, ... of one global row sequence, the same for every W.
-  ``fastshard.PackedTokens(..., dtype=np.uint16)`` reads a row's tokens; a torchdata
-  ``StatefulDataLoader`` with 2 workers batches them.
+  ``fastshard.PackedTokens(fastshard.TokenStore.flat(..., dtype=np.uint16), seq_len)`` reads a
+  row's tokens; a torchdata ``StatefulDataLoader`` with 2 workers batches them.
 - **Model**: a randomly initialised transformers ``LlamaForCausalLM`` (float32, no dropout,
   about 0.8 M parameters by default) under DDP (gloo on CPUs, NCCL on GPUs). The loss is the
   model's own: ``model(input_ids=ids, labels=ids)`` (the model shifts the labels), attention
@@ -134,10 +134,11 @@ class Rows(Dataset):
 
     def __init__(self, split: Path, seq_len: int, dtype: np.dtype) -> None:
         self.offsets = np.load(split / "offsets.npy")  # n + 1 int64: small
-        self.lengths = np.diff(self.offsets)
-        self.tokens = fastshard.PackedTokens(
-            split / "tokens.bin", split / "offsets.npy", seq_len, dtype=dtype
-        )  # paths: each DataLoader worker maps the file itself
+        # A raw .bin records no dtype: it is stated (from meta.json), never guessed. A store
+        # given by paths pickles as its paths: each DataLoader worker maps the file itself.
+        store = fastshard.TokenStore.flat(split / "tokens.bin", split / "offsets.npy", dtype=dtype)
+        self.lengths = store.lengths
+        self.tokens = fastshard.PackedTokens(store, seq_len)
 
     def __getitem__(self, row: np.ndarray) -> tuple[torch.Tensor, int]:
         doc, start, _ = row[0]
