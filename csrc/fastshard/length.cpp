@@ -243,11 +243,16 @@ LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::u
         fine, fine_max, min_class_items != 0 ? min_class_items : class_min_items(n, strata_.num_strata())));
     const std::uint32_t classes = num_classes();
     // Each window's batch count from its class quotas: the same in every epoch.
-    parallel_for(windows, threads, 64, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        std::vector<std::uint64_t> quota;
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            strata_.quotas(w, quota);
-            offsets_[w + 1] = cut_count(quota.data(), strata_.classes().uppers().data(), classes, rule_);
+    const std::uint64_t per = strata_.per_stratum();
+    parallel_for(strata_.num_strata(), threads, 1 + 63 / per, [&](unsigned, std::uint64_t t0, std::uint64_t count) {
+        std::vector<std::uint64_t> stratum, quota;
+        for (std::uint64_t t = t0; t < t0 + count; ++t) {
+            strata_.stratum_quotas(t, stratum);
+            for (std::uint64_t j = 0; j < strata_.windows_in(t); ++j) {
+                strata_.share(t, stratum, j, quota);
+                offsets_[t * per + j + 1] =
+                    cut_count(quota.data(), strata_.classes().uppers().data(), classes, rule_);
+            }
         }
     });
     for (std::uint64_t w = 0; w < windows; ++w) offsets_[w + 1] += offsets_[w];

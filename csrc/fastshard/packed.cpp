@@ -381,14 +381,18 @@ PackLayout::PackLayout(const Lengths& lengths, std::uint64_t seq_len, bool split
     // Each window's row count from its class quotas alone: the same in every epoch.
     offsets_.assign(static_cast<std::size_t>(windows) + 1, 0);
     const std::uint32_t classes = num_classes();
-    parallel_for(windows, threads, 4, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        std::vector<std::uint64_t> quota;
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            BestFit fit(seq_len);
-            strata_.quotas(w, quota);
-            for (std::uint32_t b = classes; b-- > 0;)
-                for (std::uint64_t k = 0; k < quota[b]; ++k) fit.add(class_upper(b));
-            offsets_[static_cast<std::size_t>(w) + 1] = fit.rows();
+    const std::uint64_t per = strata_.per_stratum();
+    parallel_for(strata_.num_strata(), threads, 1, [&](unsigned, std::uint64_t t0, std::uint64_t count) {
+        std::vector<std::uint64_t> stratum, quota;
+        for (std::uint64_t t = t0; t < t0 + count; ++t) {
+            strata_.stratum_quotas(t, stratum);
+            for (std::uint64_t j = 0; j < strata_.windows_in(t); ++j) {
+                BestFit fit(seq_len);
+                strata_.share(t, stratum, j, quota);
+                for (std::uint32_t b = classes; b-- > 0;)
+                    for (std::uint64_t k = 0; k < quota[b]; ++k) fit.add(class_upper(b));
+                offsets_[static_cast<std::size_t>(t * per + j) + 1] = fit.rows();
+            }
         }
     });
     for (std::size_t w = 1; w < offsets_.size(); ++w) offsets_[w] += offsets_[w - 1];

@@ -77,6 +77,29 @@ std::uint64_t Strata::quota_before(std::uint64_t w, std::uint32_t b) const noexc
     return s0 + static_cast<std::uint64_t>(static_cast<u128>(q) * j / k);
 }
 
+void Strata::stratum_quotas(std::uint64_t t, std::vector<std::uint64_t>& stratum) const {
+    stratum.resize(num_classes());
+    for (std::uint32_t b = 0; b < num_classes(); ++b)
+        stratum[b] = stratum_quota_before(t + 1, b) - stratum_quota_before(t, b);
+}
+
+void Strata::share(std::uint64_t t, const std::vector<std::uint64_t>& stratum, std::uint64_t j,
+                   std::vector<std::uint64_t>& quota) const {
+    __extension__ typedef unsigned __int128 u128;
+    const std::uint64_t k = windows_in(t);
+    quota.resize(stratum.size());
+    for (std::size_t b = 0; b < stratum.size(); ++b) {
+        const std::uint64_t q = stratum[b];
+        if (k == 1) {
+            quota[b] = q;
+        } else if (q <= ~std::uint64_t{0} / k) {
+            quota[b] = q * (j + 1) / k - q * j / k;
+        } else {
+            quota[b] = static_cast<std::uint64_t>(static_cast<u128>(q) * (j + 1) / k - static_cast<u128>(q) * j / k);
+        }
+    }
+}
+
 void Strata::quotas(std::uint64_t w, std::vector<std::uint64_t>& quota) const {
     quota.resize(num_classes());
     for (std::uint32_t b = 0; b < num_classes(); ++b) quota[b] = quota_before(w + 1, b) - quota_before(w, b);

@@ -413,6 +413,15 @@ class Strata {
     std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
     // Window w's quota of every class, into quota (resized to the number of classes).
     void quotas(std::uint64_t w, std::vector<std::uint64_t>& quota) const;
+    // The same for every window of stratum t at once (a layout's loop): stratum t's quotas
+    // into `stratum`, then share(stratum, j, out) is its j-th window's (the j-th of
+    // windows_in(t) equal shares, in 64-bit arithmetic where it fits).
+    std::uint64_t windows_in(std::uint64_t t) const noexcept {
+        return std::min(per_, num_windows() - t * per_);
+    }
+    void stratum_quotas(std::uint64_t t, std::vector<std::uint64_t>& stratum) const;
+    void share(std::uint64_t t, const std::vector<std::uint64_t>& stratum, std::uint64_t j,
+               std::vector<std::uint64_t>& quota) const;
 
   private:
     std::uint64_t n_, window_, per_;
