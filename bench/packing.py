@@ -5,6 +5,7 @@ and 10^9 documents.
     python bench/packing.py window [--n 1e7]
     python bench/packing.py megatron [--n 1e7 1e8]
     python bench/packing.py efficiency [--n 1e7] [--grain-n 1e5]
+    python bench/packing.py fill [--n 1e5 1e6 1e7 1e8 1e9] [--base-python PY]
     python bench/packing.py huge [--n 1e9] [--cold]
 
 Every measurement of time and memory runs in a fresh child process. Memory is the peak of
@@ -84,6 +85,22 @@ def pretrain_lengths(n: int, path: Path) -> np.memmap:
     for a in range(0, n, step):
         b = min(n, a + step)
         mm[a:b] = np.clip(np.rint(rng.lognormal(6.4, 1.1, b - a)), 1, 10**6)
+    mm.flush()
+    del mm
+    return np.memmap(path, dtype=np.uint32, mode="r")
+
+
+def sft_file(n: int, path: Path) -> np.memmap:
+    """sft_lengths(n) in a uint32 memmap file, made in chunks of 2^24 (one generator, so that
+    every n is a prefix-free draw of the same distribution; 10^9 lengths are 4 GB)."""
+    if path.exists() and path.stat().st_size == 4 * n:
+        return np.memmap(path, dtype=np.uint32, mode="r")
+    mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n,))
+    rng = np.random.default_rng(0)
+    step = 1 << 24
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        mm[a:b] = np.clip(np.rint(rng.lognormal(5.5, 1.0, b - a)), 1, 16384)
     mm.flush()
     del mm
     return np.memmap(path, dtype=np.uint32, mode="r")
@@ -203,6 +220,8 @@ def child(args: argparse.Namespace) -> None:
             )
             row = s[0]
             info = (len(s), int(row.shape[0]))
+            if mode == "best_fit":
+                info += (s.efficiency, s.num_rows)
         dt = time.perf_counter() - t0
         cpu1 = os.times()
     mib = 2**20
@@ -445,6 +464,20 @@ def efficiency(args: argparse.Namespace) -> None:
     del capped
 
 
+def fill(args: argparse.Namespace) -> None:
+    """best_fit per n: efficiency (real tokens / row slots, from the lengths) and the time and
+    memory from construction to rank 0 of --world's first row, default window, long_docs="split",
+    SFT lengths in a uint32 memmap; this build, then --base-python's, side by side per n."""
+    for n in map(int, args.n):
+        path = Path(args.dir) / f"sft_{n}.u32"
+        sft_file(n, path)
+        for _ in range(args.repeat):
+            for py in fastshard_sides(args):
+                r = run_child("fastshard_best_fit", path, SEQ, world=args.world, python=py)
+                r.update(n=n, world=args.world, loadavg=loadavg())
+                print(json.dumps(r), flush=True)
+
+
 def huge(args: argparse.Namespace) -> None:
     n = int(args.n[0])
     path = Path(args.dir) / f"pretrain_{n}.u32"
@@ -460,7 +493,7 @@ def huge(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["window", "megatron", "efficiency", "huge", "child"])
+    p.add_argument("what", choices=["window", "megatron", "efficiency", "fill", "huge", "child"])
     p.add_argument("--n", nargs="+", type=float, default=[1e7])
     p.add_argument("--grain-n", type=float, default=1e5)
     p.add_argument("--dir", default=os.environ.get("TMPDIR", "/tmp"))
@@ -478,6 +511,7 @@ def main() -> None:
         "window": window,
         "megatron": megatron,
         "efficiency": efficiency,
+        "fill": fill,
         "huge": huge,
         "child": child,
     }[args.what](args)

@@ -67,8 +67,10 @@ class PackedSampler(_UnitSampler):
     ``mode="best_fit"`` (SFT): whole documents packed best-fit decreasing into rows of at most
     ``seq_len`` tokens, within windows of ``window`` documents of the epoch's order; a row's
     rest is padding. The row count is the same every epoch: windows are stratified by length
-    class (each window gets a fixed quota of each class, filled from the epoch's order) and
-    packed on the class bounds, so the count depends on the quotas alone (docs/packing.md).
+    class (each stratum of windows gets a fixed quota of each class, filled from the epoch's
+    order, and its windows equal shares of it) and packed on the class bounds, so the count
+    depends on the quotas alone (docs/packing.md). Strata hold enough windows that the classes
+    stay fine at any size: the efficiency does not fall as the corpus grows.
     A document longer than ``seq_len``: ``long_docs="truncate"`` keeps its first ``seq_len``
     tokens; ``"split"`` cuts it into full rows of ``seq_len`` tokens and a last piece that is
     packed like a document.
@@ -81,8 +83,8 @@ class PackedSampler(_UnitSampler):
     documents per rank; once per epoch one threaded sequential read of the lengths, each
     placed in the epoch's order by the inverse permutation (concat with a ``seed`` given: the
     construction's one read of the lengths also does epoch 0's); best_fit also keeps a
-    (windows x classes) count table per epoch and the window a rank reads (about 24 bytes per
-    document of it).
+    (strata x classes) count table per epoch and the stratum and window a rank reads (about 16
+    and 24 bytes per document of them).
 
     Parameters
     ----------
