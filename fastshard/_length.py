@@ -108,7 +108,7 @@ class LengthGroupedBatchSampler(_UnitSampler):
     ``max_tokens`` also a table of (strata + 1) x classes counts per epoch, filled by one
     threaded scan of the epoch's order at its first iteration, the ranges of the order the
     last stratum read (16 bytes per position, at most 64 MiB), which the next one reuses, and
-    that stratum's items (24 bytes each) for its windows.
+    that stratum's items (20 bytes each) for its windows.
 
     Parameters
     ----------

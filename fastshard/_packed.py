@@ -26,11 +26,12 @@ LONG_DOCS = ("truncate", "split")
 # ~3 us per row (far below reading a row's tokens), and 10^9 documents cost 31 MiB of sums.
 CONCAT_WINDOW = 256
 # best_fit: documents per packing window. Larger windows pack tighter (more documents to choose
-# from, finer length classes) and cost more per window build (the window's documents are
+# from) and cost more per window build (the window's documents are
 # gathered, sorted and packed when a rank first reads one of its rows, ~24 bytes per document).
 # Measured (bench/packing.py window): on 10^6 lognormal SFT lengths, seq_len 4096, efficiency
-# 0.9874 / 0.9992 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
-# 0.15 / 0.17 / 0.25 / 0.58 s.
+# 0.99868 / 0.99958 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
+# after construction 0.029 / 0.024 / 0.032 / 0.134 s. Strata of windows keep the classes fine
+# at any size (docs/packing.md), so the efficiency does not fall with n.
 BEST_FIT_WINDOW = 2**16
 # best_fit keeps one count per packing length and class: seq_len is bounded to keep that small.
 MAX_BEST_FIT_SEQ_LEN = 2**22
@@ -83,7 +84,7 @@ class PackedSampler(_UnitSampler):
     documents per rank; once per epoch one threaded sequential read of the lengths, each
     placed in the epoch's order by the inverse permutation (concat with a ``seed`` given: the
     construction's one read of the lengths also does epoch 0's); best_fit also keeps a
-    (strata x classes) count table per epoch and the stratum and window a rank reads (about 16
+    (strata x classes) count table per epoch and the stratum and window a rank reads (about 12
     and 24 bytes per document of them).
 
     Parameters
