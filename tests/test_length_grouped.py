@@ -719,3 +719,24 @@ def test_strata_elastic_resume():
         s.load_state_dict(state)
         rest += list(s)
     assert sorted(map(tuple, rest)) == sorted(map(tuple, g[1000:]))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(6000, 9000),
+    high=st.integers(1, 3000),
+    zeros=st.floats(0, 0.5),
+    max_tokens=st.integers(1, 5000),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 50)),
+    window=st.integers(1, 2),
+    seed=st.integers(0, 2**32),
+)
+def test_fixed_count_property_over_strata(n, high, zeros, max_tokens, max_batch_size, window, seed):
+    """As test_fixed_count_property, with windows few enough items that they are grouped into
+    strata (windows * n > 2^24), a last stratum of fewer windows included."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, high + 1, n) * (rng.random(n) >= zeros)
+    kw = {"max_tokens": max_tokens, "max_batch_size": max_batch_size, "sort_window": window}
+    assert make(lengths, seed=seed, **kw)._static_layout().per_stratum > 1
+    counts = {len(check_epoch(lengths, 2, False, epoch, seed=seed, **kw)) for epoch in range(2)}
+    assert counts == {len(make(lengths, seed=seed, **kw))}

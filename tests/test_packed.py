@@ -10,6 +10,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from fastshard import EpochWarning, PackedSampler, PackedTokens, collate_rows
@@ -571,8 +573,9 @@ def test_best_fit_strata_every_document_once(world, long_docs):
             segs.sort()
             if long_docs == "truncate":
                 assert segs == [(0, min(L, seq))]
-            else:
+            else:  # every token once: pieces that tile [0, L)
                 assert segs[0][0] == 0 and segs[-1][1] == L
+                assert all(x[1] == y[0] for x, y in zip(segs, segs[1:]))
     assert len(counts) == 1
 
 
@@ -592,3 +595,36 @@ def test_best_fit_strata_resume_onto_another_world():
         s.load_state_dict(state)
         again += [key(x) for x in s]
     assert sorted(again + [x for f in first for x in f]) == sorted(whole)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    n=st.integers(6000, 9000),
+    high=st.integers(1, 700),
+    seq=st.integers(1, 300),
+    window=st.integers(1, 2),
+    long_docs=st.sampled_from(["truncate", "split"]),
+    seed=st.integers(0, 2**32),
+)
+def test_best_fit_strata_property(n, high, seq, window, long_docs, seed):
+    """Strata of packing windows on random lengths and seq_len: one row count in every epoch,
+    every document in it (whole, truncated or split as asked), rows within seq_len."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, high + 1, n)
+    kw = dict(mode="best_fit", long_docs=long_docs, window=window, seed=seed, **ONE)
+    assert PackedSampler(lengths, seq, **kw)._layout.per_stratum > 1
+    counts = set()
+    for epoch in (0, 1):
+        s = PackedSampler(lengths, seq, **kw)
+        s.set_epoch(epoch)
+        rows = rows_of(s)
+        counts.add(len(rows))
+        assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
+        covered = np.zeros(n, np.int64)
+        for row in rows:
+            for d, a, b in row:
+                covered[d] += b - a
+        assert np.array_equal(
+            covered, np.minimum(lengths, seq) if long_docs == "truncate" else lengths
+        )
+    assert counts == {PackedSampler(lengths, seq, **kw).num_rows}
