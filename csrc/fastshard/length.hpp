@@ -17,7 +17,8 @@
 // - windows are grouped into strata (stratify.hpp: enough windows to a stratum that the classes
 //   stay at most 10^-4 of n at any n); stratum t gets a fixed quota of each class, floor(c_b
 //   s_{t+1} / n) - floor(c_b s_t / n) (s_t = min(t * stratum, n)): the class-b items of the
-//   epoch's order of class rank in that range; its windows take equal shares of it, in order;
+//   epoch's order of class rank in that range; they are dealt to its windows round-robin, class
+//   after class (stratify.hpp), each window an equal share of every class;
 // - the window, sorted by (length, position), is cut greedily with the budget applied to the
 //   class bounds: a batch takes the next item while (count + 1) * upper_b <= max_tokens (and
 //   count + 1 <= max_batch_size). Sorted by length is sorted by class, so the cut depends on the

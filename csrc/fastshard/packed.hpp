@@ -17,7 +17,7 @@
 // documents); windows are grouped into strata (stratify.hpp: enough windows to a stratum that
 // the classes stay at most 10^-4 of n at any n), stratum t gets the fixed quota floor(c_b
 // s_{t+1} / n) - floor(c_b s_t / n) of each class b, its class-b documents of class rank in that
-// range of the epoch's order, and its windows equal shares of it; a window is packed on the class
+// range of the epoch's order, dealt round-robin to its windows; a window is packed on the class
 // bounds, so its row count depends on the quotas alone. The real documents
 // (each no longer than its class bound) take the slots. With splitting, the full seq_len pieces
 // of longer documents are rows of their own, found as concat finds rows (per-window sums of the

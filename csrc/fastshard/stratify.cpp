@@ -66,17 +66,6 @@ std::uint64_t Strata::stratum_quota_before(std::uint64_t t, std::uint32_t b) con
     return static_cast<std::uint64_t>(static_cast<u128>(classes_.count(b)) * stratum_start(t) / n_);
 }
 
-std::uint64_t Strata::quota_before(std::uint64_t w, std::uint32_t b) const noexcept {
-    __extension__ typedef unsigned __int128 u128;
-    const std::uint64_t t = w / per_, j = w - t * per_;
-    const std::uint64_t s0 = stratum_quota_before(t, b);
-    if (j == 0) return s0;  // (per_ == 1: the quotas of windows, floor(c_b s_w / n))
-    const std::uint64_t windows = num_windows();
-    const std::uint64_t k = std::min(per_, windows - t * per_);  // windows of stratum t
-    const std::uint64_t q = stratum_quota_before(t + 1, b) - s0;
-    return s0 + static_cast<std::uint64_t>(static_cast<u128>(q) * j / k);
-}
-
 void Strata::stratum_quotas(std::uint64_t t, std::vector<std::uint64_t>& stratum) const {
     stratum.resize(num_classes());
     for (std::uint32_t b = 0; b < num_classes(); ++b)
@@ -85,24 +74,22 @@ void Strata::stratum_quotas(std::uint64_t t, std::vector<std::uint64_t>& stratum
 
 void Strata::share(std::uint64_t t, const std::vector<std::uint64_t>& stratum, std::uint64_t j,
                    std::vector<std::uint64_t>& quota) const {
-    __extension__ typedef unsigned __int128 u128;
     const std::uint64_t k = windows_in(t);
     quota.resize(stratum.size());
+    std::uint64_t c = 0;  // C_b mod k
     for (std::size_t b = 0; b < stratum.size(); ++b) {
         const std::uint64_t q = stratum[b];
-        if (k == 1) {
-            quota[b] = q;
-        } else if (q <= ~std::uint64_t{0} / k) {
-            quota[b] = q * (j + 1) / k - q * j / k;
-        } else {
-            quota[b] = static_cast<std::uint64_t>(static_cast<u128>(q) * (j + 1) / k - static_cast<u128>(q) * j / k);
-        }
+        const std::uint64_t d = (j + k - c) % k;  // the first rank dealt to window j
+        quota[b] = q > d ? (q - d - 1) / k + 1 : 0;
+        c = (c + q % k) % k;
     }
 }
 
 void Strata::quotas(std::uint64_t w, std::vector<std::uint64_t>& quota) const {
-    quota.resize(num_classes());
-    for (std::uint32_t b = 0; b < num_classes(); ++b) quota[b] = quota_before(w + 1, b) - quota_before(w, b);
+    std::vector<std::uint64_t> stratum;
+    const std::uint64_t t = stratum_of(w);
+    stratum_quotas(t, stratum);
+    share(t, stratum, w - t * per_, quota);
 }
 
 WindowRanks ClassPrefix::stratum_ranks(const Strata& strata, std::uint64_t t) const {

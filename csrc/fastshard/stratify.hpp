@@ -7,9 +7,12 @@
 //   of at least min_items items; a class's bound is the largest rule length of its items.
 // - Strata: windows of wsize positions of the epoch's order, grouped k to a stratum of k * wsize
 //   positions; stratum t gets a fixed quota of each class b, the class-b items of class rank
-//   [floor(c_b s_t / n), floor(c_b s_{t+1} / n)) in the order (s_t = min(t * k * wsize, n)), and
-//   its j-th of k_t windows the j-th k_t-th of that quota, so that a window's contents by class,
-//   and so everything counted from them, are the same in every epoch.
+//   [floor(c_b s_t / n), floor(c_b s_{t+1} / n)) in the order (s_t = min(t * k * wsize, n)); its
+//   items are dealt to its k_t windows round-robin, class after class (the stratum's class-b
+//   item of rank r to window (C_b + r) mod k_t, C_b its items of the classes before b), so that
+//   each window holds an equal share of every class and of the stratum (to one item), and a
+//   window's contents by class, and so everything counted from them, are the same in every
+//   epoch.
 // - ClassPrefix: one scan per epoch giving each class's count before every stratum boundary of
 //   the order; a stratum's class ranks are then read from the few ranges of the order holding
 //   them (WindowRanks), without a per-item index, and its windows taken from what was read
@@ -408,14 +411,11 @@ class Strata {
     std::uint32_t num_classes() const noexcept { return classes_.size(); }
     // Class-b items of strata before t: floor(c_b s_t / n).
     std::uint64_t stratum_quota_before(std::uint64_t t, std::uint32_t b) const noexcept;
-    // Class-b items of windows before w: those of the strata before w's, and of its stratum's
-    // quota q the share floor(q j / k_t) of the windows before w in it (the j-th of k_t).
-    std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
     // Window w's quota of every class, into quota (resized to the number of classes).
     void quotas(std::uint64_t w, std::vector<std::uint64_t>& quota) const;
     // The same for every window of stratum t at once (a layout's loop): stratum t's quotas
-    // into `stratum`, then share(stratum, j, out) is its j-th window's (the j-th of
-    // windows_in(t) equal shares, in 64-bit arithmetic where it fits).
+    // into `stratum`, then share(t, stratum, j, out) is its j-th window's: of class b, the
+    // ranks r < q_b with (C_b + r) mod windows_in(t) == j.
     std::uint64_t windows_in(std::uint64_t t) const noexcept {
         return std::min(per_, num_windows() - t * per_);
     }
@@ -458,8 +458,8 @@ struct StratumItems {
 };
 
 // Calls take(i) for the indices i of window w's items among its stratum's items (classes[i],
-// in position order): of class b, those of rank [quota_before(w) - s, quota_before(w + 1) - s)
-// among the stratum's class-b items, s = stratum_quota_before(w's stratum).
+// in position order): the class-b item of rank r among the stratum's when (C_b + r) mod k_t is
+// w's place j in its stratum (Strata::share's deal).
 template <class Take>
 void select_window(const Strata& strata, std::uint64_t w, const std::vector<std::uint32_t>& classes, Take&& take) {
     if (strata.per_stratum() == 1) {  // the window is its stratum
@@ -467,17 +467,18 @@ void select_window(const Strata& strata, std::uint64_t w, const std::vector<std:
         return;
     }
     const std::uint32_t nc = strata.num_classes();
-    const std::uint64_t t = strata.stratum_of(w);
-    std::vector<std::uint64_t> lo(nc), hi(nc), rank(nc, 0);
+    const std::uint64_t t = strata.stratum_of(w), j = w - t * strata.per_stratum();
+    const std::uint64_t k = strata.windows_in(t);
+    std::vector<std::uint64_t> phase(nc);  // (C_b + rank) mod k of class b's next item
+    std::uint64_t c = 0;
     for (std::uint32_t b = 0; b < nc; ++b) {
-        const std::uint64_t s = strata.stratum_quota_before(t, b);
-        lo[b] = strata.quota_before(w, b) - s;
-        hi[b] = strata.quota_before(w + 1, b) - s;
+        phase[b] = c;
+        c = (c + (strata.stratum_quota_before(t + 1, b) - strata.stratum_quota_before(t, b)) % k) % k;
     }
     for (std::size_t i = 0; i < classes.size(); ++i) {
-        const std::uint32_t b = classes[i];
-        const std::uint64_t r = rank[b]++;
-        if (r >= lo[b] && r < hi[b]) take(i);
+        std::uint64_t& p = phase[classes[i]];
+        if (p == j) take(i);
+        if (++p == k) p = 0;
     }
 }
 
