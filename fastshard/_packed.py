@@ -29,8 +29,8 @@ CONCAT_WINDOW = 256
 # from) and cost more per window build (the window's documents are
 # gathered, sorted and packed when a rank first reads one of its rows, ~24 bytes per document).
 # Measured (bench/packing.py window): on 10^6 lognormal SFT lengths, seq_len 4096, efficiency
-# 0.99868 / 0.99958 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
-# after construction 0.029 / 0.024 / 0.032 / 0.134 s. Strata of windows keep the classes fine
+# 0.99854 / 0.99962 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
+# after construction 0.007 / 0.008 / 0.014 / 0.044 s. Strata of windows keep the classes fine
 # at any size (docs/packing.md), so the efficiency does not fall with n.
 BEST_FIT_WINDOW = 2**16
 # best_fit keeps one count per packing length and class: seq_len is bounded to keep that small.
