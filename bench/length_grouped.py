@@ -6,6 +6,7 @@
     python bench/length_grouped.py epoch-cost [--sizes 1e6 1e7]
     python bench/length_grouped.py start [--n 1e7] [--repeat 3]
     python bench/length_grouped.py start-large [--n 1e8] [--world-size 8]
+    python bench/length_grouped.py fill [--sizes 1e5 1e6 1e7 1e8 1e9] [--base-python PY]
 
 quality: lognormal lengths (mu=5.5, sigma=1, rounded, clipped to [1, 16384]), one epoch over
 all ranks (W=1: the global batch sequence), for a token budget and a fixed batch size:
@@ -34,6 +35,12 @@ LengthGroupedSampler(batch_size=32, lengths=list) at the same n; the repeats int
 
 start-large: uint16 lengths, rank 0 of W, token budget (every window sorted to count).
 
+fill: max_tokens=16384, the default sort_window, lognormal lengths in a uint32 memmap under
+--dir (10^9: 4 GB): the epoch's batches (len, in a fresh child: this build, then
+--base-python's) beside a greedy cut on the actual lengths of windows of the same size of a
+random order (every window up to 10^7 items; above, --sample windows of random items, scaled to
+the number of windows).
+
 Run it outside the source tree's root so that `import fastshard` is the installed build.
 """
 
@@ -41,9 +48,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -314,6 +323,87 @@ def start(args: argparse.Namespace, kinds: list[str], world: int) -> None:
         )
 
 
+def sft_file(n: int, path: Path) -> np.memmap:
+    """lognormal(5.5, 1) lengths, rounded, clipped to [1, 16384], in a uint32 memmap, made in
+    chunks of 2^24 from one generator (bench/packing.py's sft_file: the same file)."""
+    if path.exists() and path.stat().st_size == 4 * n:
+        return np.memmap(path, dtype=np.uint32, mode="r")
+    mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n,))
+    rng = np.random.default_rng(0)
+    for a in range(0, n, 1 << 24):
+        b = min(n, a + (1 << 24))
+        mm[a:b] = np.clip(np.rint(rng.lognormal(5.5, 1.0, b - a)), 1, 16384)
+    mm.flush()
+    del mm
+    return np.memmap(path, dtype=np.uint32, mode="r")
+
+
+def greedy_cut(lens: np.ndarray, max_tokens: int) -> int:
+    """Batches of the greedy cut of one window on its actual lengths: sorted, a batch takes the
+    next item while (count + 1) * its length <= max_tokens."""
+    lens = np.sort(np.maximum(lens.astype(np.int64), 1))
+    cap = np.maximum(max_tokens // lens, 1)
+    i, m, batches = 0, len(lens), 0
+    while i < m:
+        lo, hi = 1, m - i  # the most items k with k <= cap[i + k - 1] (cap nonincreasing)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if mid <= cap[i + mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        i += lo
+        batches += 1
+    return batches
+
+
+def actual_cut(lengths: np.ndarray, window: int, max_tokens: int, sample: int) -> float:
+    n = len(lengths)
+    rng = np.random.default_rng(1)
+    if n <= 10**7:
+        order = rng.permutation(n)
+        return float(
+            sum(greedy_cut(lengths[order[a : a + window]], max_tokens) for a in range(0, n, window))
+        )
+    full, rest = divmod(n, window)
+    per = [
+        greedy_cut(lengths[np.sort(rng.integers(0, n, window))], max_tokens) for _ in range(sample)
+    ]
+    last = greedy_cut(lengths[np.sort(rng.integers(0, n, rest))], max_tokens) if rest else 0
+    return full * float(np.mean(per)) + last
+
+
+FILL_CHILD = r"""
+import json, sys, time
+import numpy as np
+import fastshard
+lengths = np.memmap(sys.argv[1], dtype=np.uint32, mode="r")
+t0 = time.perf_counter()
+s = fastshard.LengthGroupedBatchSampler(lengths, max_tokens=16384, num_replicas=1, rank=0)
+print(json.dumps({"batches": len(s), "sort_window": s.sort_window, "len_s": time.perf_counter() - t0}))
+"""
+
+
+def fill(args: argparse.Namespace) -> None:
+    for size in args.sizes:
+        n = int(float(size))
+        path = Path(args.dir) / f"sft_{n}.u32"
+        lengths = sft_file(n, path)
+        sides = [(sys.executable, "this")] + (
+            [(args.base_python, "base")] if args.base_python else []
+        )
+        for py, side in sides:
+            out = subprocess.run(
+                [py, "-c", FILL_CHILD, str(path)], capture_output=True, text=True, check=True
+            )
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            load = open("/proc/loadavg").read().split()[:3]
+            ref = actual_cut(lengths, r["sort_window"], 16384, args.sample)
+            r.update(n=n, side=side, actual_cut=ref, excess=r["batches"] / ref - 1, loadavg=load)
+            r.update(items_per_batch=n / r["batches"], actual_items_per_batch=n / ref)
+            print(json.dumps(r), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -335,7 +425,15 @@ def main() -> None:
     large.add_argument("--n", default="1e8")
     large.add_argument("--repeat", type=int, default=2)
     large.add_argument("--world-size", type=int, default=8)
+    f = sub.add_parser("fill")
+    f.add_argument("--sizes", nargs="+", default=["1e5", "1e6", "1e7", "1e8", "1e9"])
+    f.add_argument("--dir", default=os.environ.get("TMPDIR", "/tmp"))
+    f.add_argument("--base-python", default=None)
+    f.add_argument("--sample", type=int, default=300, help="windows sampled above 10^7 items")
     args = p.parse_args()
+    if args.cmd == "fill":
+        fill(args)
+        return
     if args.cmd == "quality":
         quality(args)
     elif args.cmd == "default-window":

@@ -5,6 +5,7 @@ and 10^9 documents.
     python bench/packing.py window [--n 1e7]
     python bench/packing.py megatron [--n 1e7 1e8]
     python bench/packing.py efficiency [--n 1e7] [--grain-n 1e5]
+    python bench/packing.py fill [--n 1e5 1e6 1e7 1e8 1e9] [--base-python PY]
     python bench/packing.py huge [--n 1e9] [--cold]
 
 Every measurement of time and memory runs in a fresh child process. Memory is the peak of
@@ -89,10 +90,72 @@ def pretrain_lengths(n: int, path: Path) -> np.memmap:
     return np.memmap(path, dtype=np.uint32, mode="r")
 
 
+def sft_file(n: int, path: Path) -> np.memmap:
+    """sft_lengths(n) in a uint32 memmap file, made in chunks of 2^24 (one generator, so that
+    every n is a prefix-free draw of the same distribution; 10^9 lengths are 4 GB)."""
+    if path.exists() and path.stat().st_size == 4 * n:
+        return np.memmap(path, dtype=np.uint32, mode="r")
+    mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n,))
+    rng = np.random.default_rng(0)
+    step = 1 << 24
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        mm[a:b] = np.clip(np.rint(rng.lognormal(5.5, 1.0, b - a)), 1, 16384)
+    mm.flush()
+    del mm
+    return np.memmap(path, dtype=np.uint32, mode="r")
+
+
 def sft_lengths(n: int, seed: int = 0) -> np.ndarray:
     """SFT-like lengths: lognormal (mu=5.5, sigma=1: median 245 tokens), clipped to [1, 16384]."""
     rng = np.random.default_rng(seed)
     return np.clip(np.rint(rng.lognormal(5.5, 1.0, n)), 1, 16384).astype(np.uint32)
+
+
+# -- megatron-core's own GPTDataset index build (the installed package, its compiled helpers) ---
+def megatron_core_first_row(lengths: np.ndarray, seq_len: int, seed: int) -> tuple[int, int, int]:
+    """megatron-core's GPTDataset over a low-level dataset that holds only the lengths (its
+    `sequence_lengths`, int32 as its indexed dataset's), one epoch, no cache: the document,
+    sample and shuffle indices built by GPTDataset itself (helpers_cpp.build_sample_idx), then
+    the first row's (document position, offset) and the number of samples."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.utils import Split
+
+    class Tokenizer:
+        eod = 0
+        vocab_size = 2**16
+
+        def __init__(self) -> None:
+            self.unique_identifiers = {"class": "Tokenizer"}
+
+    class Lengths:  # what GPTDataset reads of an IndexedDataset to build its indices
+        path_prefix = None
+
+        def __init__(self, sequence_lengths: np.ndarray) -> None:
+            self.sequence_lengths = sequence_lengths
+
+        def __len__(self) -> int:
+            return len(self.sequence_lengths)
+
+    config = GPTDatasetConfig(
+        random_seed=seed,
+        sequence_length=seq_len,
+        blend=None,
+        blend_per_split=None,
+        split="1,0,0",
+        tokenizer=Tokenizer(),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        path_to_cache=None,
+        mmap_bin_files=False,
+    )
+    low = Lengths(lengths.view(np.int32))  # the lengths are < 2^31: the same bits
+    n = len(lengths)
+    ds = GPTDataset(low, None, np.arange(n, dtype=np.int32), None, Split.train, config)
+    first = int(ds.shuffle_index[0])
+    return int(ds.sample_index[first, 0]), int(ds.sample_index[first, 1]), len(ds)
 
 
 # -- Megatron-LM's index build, in NumPy (the public algorithm, written here) -----------------
@@ -125,12 +188,25 @@ def child(args: argparse.Namespace) -> None:
         import fastshard
 
         mode = "best_fit" if args.impl == "fastshard_best_fit" else "concat"
+    if args.impl == "megatron_core":  # imported before the clock starts, as fastshard is
+        import logging
+        import warnings
+
+        logging.disable(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import megatron.core.datasets.gpt_dataset  # noqa: F401
     rss_before = proc_status("VmRSS")
-    cpu0 = os.times()
-    t0 = time.perf_counter()
+    # The clock runs inside the sampled block: starting the sampling thread and joining it
+    # (which waits out its 2 ms sleep) would add up to ~3 ms to every side alike, a third of
+    # fastshard's whole time at 10^6 documents.
     with Peak() as peak:
+        cpu0 = os.times()
+        t0 = time.perf_counter()
         if args.impl == "megatron":
             info = megatron_first_row(lengths, args.seq_len, 0)
+        elif args.impl == "megatron_core":
+            info = megatron_core_first_row(lengths, args.seq_len, 0)
         else:
             s = fastshard.PackedSampler(
                 lengths,
@@ -144,8 +220,10 @@ def child(args: argparse.Namespace) -> None:
             )
             row = s[0]
             info = (len(s), int(row.shape[0]))
-    dt = time.perf_counter() - t0
-    cpu1 = os.times()
+            if mode == "best_fit":
+                info += (s.efficiency, s.num_rows)
+        dt = time.perf_counter() - t0
+        cpu1 = os.times()
     mib = 2**20
     print(
         json.dumps(
@@ -193,22 +271,31 @@ def run_child(
     return r
 
 
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def fastshard_sides(args: argparse.Namespace) -> list[str | None]:
     """The interpreters the fastshard side runs with: this one, then --base-python."""
     return [None] + ([args.base_python] if args.base_python else [])
 
 
 def megatron(args: argparse.Namespace) -> None:
+    """Rank 0 of --world (8) to its first row, beside megatron-core's own GPTDataset build (and,
+    with --numpy, the NumPy re-implementation), the load beside each run."""
     for n in map(int, args.n):
         path = Path(args.dir) / f"pretrain_{n}.u32"
         lengths = pretrain_lengths(n, path)
         tokens = int(lengths.sum(dtype=np.uint64))
         del lengths
         for _ in range(args.repeat):
-            runs = [("fastshard_concat", py) for py in fastshard_sides(args)] + [("megatron", None)]
+            runs = [("fastshard_concat", py) for py in fastshard_sides(args)]
+            runs += [("megatron_core", None)] + ([("megatron", None)] if args.numpy else [])
             for impl, py in runs:
-                r = run_child(impl, path, SEQ, python=py)
-                r.update(n=n, tokens=tokens, seq_len=SEQ)
+                world = args.world if impl.startswith("fastshard") else 1
+                r = run_child(impl, path, SEQ, world=world, python=py)
+                r.update(n=n, tokens=tokens, seq_len=SEQ, world=world, loadavg=loadavg())
                 print(json.dumps(r), flush=True)
 
 
@@ -377,6 +464,20 @@ def efficiency(args: argparse.Namespace) -> None:
     del capped
 
 
+def fill(args: argparse.Namespace) -> None:
+    """best_fit per n: efficiency (real tokens / row slots, from the lengths) and the time and
+    memory from construction to rank 0 of --world's first row, default window, long_docs="split",
+    SFT lengths in a uint32 memmap; this build, then --base-python's, side by side per n."""
+    for n in map(int, args.n):
+        path = Path(args.dir) / f"sft_{n}.u32"
+        sft_file(n, path)
+        for _ in range(args.repeat):
+            for py in fastshard_sides(args):
+                r = run_child("fastshard_best_fit", path, SEQ, world=args.world, python=py)
+                r.update(n=n, world=args.world, loadavg=loadavg())
+                print(json.dumps(r), flush=True)
+
+
 def huge(args: argparse.Namespace) -> None:
     n = int(args.n[0])
     path = Path(args.dir) / f"pretrain_{n}.u32"
@@ -392,14 +493,15 @@ def huge(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["window", "megatron", "efficiency", "huge", "child"])
+    p.add_argument("what", choices=["window", "megatron", "efficiency", "fill", "huge", "child"])
     p.add_argument("--n", nargs="+", type=float, default=[1e7])
     p.add_argument("--grain-n", type=float, default=1e5)
     p.add_argument("--dir", default=os.environ.get("TMPDIR", "/tmp"))
     p.add_argument("--impl")
     p.add_argument("--path")
     p.add_argument("--seq-len", type=int, default=SEQ)
-    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--world", type=int, default=8)
+    p.add_argument("--numpy", action="store_true", help="megatron: also the NumPy build")
     p.add_argument("--window", type=int, default=0)
     p.add_argument("--base-python", default=None)
     p.add_argument("--repeat", type=int, default=1)
@@ -409,6 +511,7 @@ def main() -> None:
         "window": window,
         "megatron": megatron,
         "efficiency": efficiency,
+        "fill": fill,
         "huge": huge,
         "child": child,
     }[args.what](args)

@@ -97,16 +97,18 @@ class LengthGroupedBatchSampler(_UnitSampler):
     reaches, even with a token budget.
 
     ``len()`` is the same in every epoch, also with ``max_tokens``: lengths fall in classes
-    (exact below 128, then less than 1/64 wide; merged only when windows are many and the
-    epoch large), every window takes a fixed number of each class's items (which ones changes
-    every epoch), and the budget is applied to each class's largest length, so a window's
-    batch count follows from its class counts alone.
+    (exact below 128, then less than 1/64 wide; merged only on large epochs, to at most
+    ``n / 10**4`` items each at any size), every stratum of windows takes a fixed number of each
+    class's items (which ones changes every epoch) and its windows equal shares of them, and the
+    budget is applied to each class's largest length, so a window's batch count follows from
+    its class counts alone: within 1% of a cut on the actual lengths at every size.
 
     The plan is built in C++, on several threads, without the GIL. Beyond the lengths, memory
     is one offset per window plus the window the rank is reading (8 bytes per item of it); with
-    ``max_tokens`` also a table of (windows + 1) x classes counts per epoch, filled by one
-    threaded scan of the epoch's order at its first iteration, and the ranges of the order the
-    last window read (16 bytes per position, at most 64 MiB), which the next one reuses.
+    ``max_tokens`` also a table of (strata + 1) x classes counts per epoch, filled by one
+    threaded scan of the epoch's order at its first iteration, the ranges of the order the
+    last stratum read (16 bytes per position, at most 64 MiB), which the next one reuses, and
+    that stratum's items (20 bytes each) for its windows.
 
     Parameters
     ----------

@@ -26,11 +26,12 @@ LONG_DOCS = ("truncate", "split")
 # ~3 us per row (far below reading a row's tokens), and 10^9 documents cost 31 MiB of sums.
 CONCAT_WINDOW = 256
 # best_fit: documents per packing window. Larger windows pack tighter (more documents to choose
-# from, finer length classes) and cost more per window build (the window's documents are
+# from) and cost more per window build (the window's documents are
 # gathered, sorted and packed when a rank first reads one of its rows, ~24 bytes per document).
 # Measured (bench/packing.py window): on 10^6 lognormal SFT lengths, seq_len 4096, efficiency
-# 0.9874 / 0.9992 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
-# 0.15 / 0.17 / 0.25 / 0.58 s.
+# 0.99854 / 0.99962 / 0.99989 / 0.99995 at 2**12 / 2**14 / 2**16 / 2**18, first row of a window
+# after construction 0.007 / 0.008 / 0.014 / 0.044 s. Strata of windows keep the classes fine
+# at any size (docs/packing.md), so the efficiency does not fall with n.
 BEST_FIT_WINDOW = 2**16
 # best_fit keeps one count per packing length and class: seq_len is bounded to keep that small.
 MAX_BEST_FIT_SEQ_LEN = 2**22
@@ -67,8 +68,10 @@ class PackedSampler(_UnitSampler):
     ``mode="best_fit"`` (SFT): whole documents packed best-fit decreasing into rows of at most
     ``seq_len`` tokens, within windows of ``window`` documents of the epoch's order; a row's
     rest is padding. The row count is the same every epoch: windows are stratified by length
-    class (each window gets a fixed quota of each class, filled from the epoch's order) and
-    packed on the class bounds, so the count depends on the quotas alone (docs/packing.md).
+    class (each stratum of windows gets a fixed quota of each class, filled from the epoch's
+    order, and its windows equal shares of it) and packed on the class bounds, so the count
+    depends on the quotas alone (docs/packing.md). Strata hold enough windows that the classes
+    stay fine at any size: the efficiency does not fall as the corpus grows.
     A document longer than ``seq_len``: ``long_docs="truncate"`` keeps its first ``seq_len``
     tokens; ``"split"`` cuts it into full rows of ``seq_len`` tokens and a last piece that is
     packed like a document.
@@ -81,8 +84,8 @@ class PackedSampler(_UnitSampler):
     documents per rank; once per epoch one threaded sequential read of the lengths, each
     placed in the epoch's order by the inverse permutation (concat with a ``seed`` given: the
     construction's one read of the lengths also does epoch 0's); best_fit also keeps a
-    (windows x classes) count table per epoch and the window a rank reads (about 24 bytes per
-    document of it).
+    (strata x classes) count table per epoch and the stratum and window a rank reads (about 12
+    and 24 bytes per document of them).
 
     Parameters
     ----------

@@ -10,6 +10,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from fastshard import EpochWarning, PackedSampler, PackedTokens, collate_rows
@@ -508,3 +510,121 @@ def test_window_sums_carry_past_32_bits(huge):
         b = _core.packed_shard(y, 1, 0, False, 0)
         for g in range(0, y.num_rows, 37):
             assert np.array_equal(a.global_row(g), b.global_row(g)), g
+
+
+# -- best_fit efficiency that does not fall with n --------------------------------------------
+ONE = dict(num_replicas=1, rank=0)
+
+
+def sft(n, seed=0):
+    """The benchmarks' SFT lengths: lognormal (mu=5.5, sigma=1), clipped to [1, 16384]."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(5.5, 1.0, n)), 1, 16384).astype(np.uint32)
+
+
+def test_best_fit_efficiency_with_a_small_window_on_a_large_corpus():
+    """window=2**12 on 10^7 documents: classes merged up to windows^2 / 32 documents each
+    (2442 windows: 186,000 each) gave 0.85; packing windows grouped into strata keep them fine."""
+    lengths = sft(10**7)
+    s = PackedSampler(lengths, 4096, mode="best_fit", long_docs="split", window=2**12, **ONE)
+    assert s.efficiency >= 0.995
+
+
+@pytest.mark.parametrize("long_docs", ["split", "truncate"])
+def test_best_fit_efficiency_at_the_class_granularity_of_1e9(long_docs):
+    """10^9 documents in windows of 2**16 had classes of windows^2 / 32 = 7.3 * 10^-3 of n each
+    (efficiency 0.945). 10^6 documents in windows of 2069 have that granularity: the merging must
+    cost at most 0.001 of efficiency against exact classes (min_class_items=1) in the same
+    windows."""
+    from fastshard import _core
+
+    lengths = sft(10**6)
+    window = 2069
+    s = PackedSampler(lengths, 4096, mode="best_fit", long_docs=long_docs, window=window, **ONE)
+    exact = _core.PackLayout(lengths, 4096, long_docs == "split", window, 1)
+    real = s._layout.packed_tokens + s._layout.full_rows * 4096
+    assert s.efficiency >= real / (exact.num_rows * 4096) - 0.001
+    assert s.efficiency >= 0.995
+    assert s._layout.per_stratum > 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("long_docs", ["truncate", "split"])
+def test_best_fit_strata_every_document_once(world, long_docs):
+    """Windows grouped into strata (many windows: here 4 of 7 documents to a stratum): every
+    document once, rows within seq_len, the same count every epoch and for every W."""
+    lengths = corpus(20000, hi=400)[0]
+    seq = 128
+    kw = dict(mode="best_fit", long_docs=long_docs, pad=False, window=7)
+    assert PackedSampler(lengths, seq, **ONE, **kw)._layout.per_stratum > 1
+    counts = set()
+    for epoch in (0, 1):
+        per_rank = all_rows(lengths, seq, world, epoch=epoch, **kw)
+        rows = [row for rank in per_rank for row in rank]
+        counts.add(len(rows))
+        assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
+        pieces = {}
+        for row in rows:
+            for d, a, b in row:
+                pieces.setdefault(int(d), []).append((int(a), int(b)))
+        assert sorted(pieces) == list(range(len(lengths)))
+        for d, segs in pieces.items():
+            L = int(lengths[d])
+            segs.sort()
+            if long_docs == "truncate":
+                assert segs == [(0, min(L, seq))]
+            else:  # every token once: pieces that tile [0, L)
+                assert segs[0][0] == 0 and segs[-1][1] == L
+                assert all(x[1] == y[0] for x, y in zip(segs, segs[1:]))
+    assert len(counts) == 1
+
+
+def test_best_fit_strata_resume_onto_another_world():
+    lengths = corpus(20000, hi=400)[0]
+    seq = 128
+    kw = dict(mode="best_fit", pad=False, window=7)
+    key = lambda r: tuple(map(tuple, r.tolist()))  # noqa: E731
+    whole = [key(x) for x in PackedSampler(lengths, seq, **ONE, **kw)]
+    samplers = [PackedSampler(lengths, seq, num_replicas=2, rank=r, **kw) for r in range(2)]
+    its = [iter(s) for s in samplers]
+    first = [[key(next(it)) for _ in range(700)] for it in its]
+    state = samplers[1].state_dict()
+    again = []
+    for r in range(3):
+        s = PackedSampler(lengths, seq, num_replicas=3, rank=r, **kw)
+        s.load_state_dict(state)
+        again += [key(x) for x in s]
+    assert sorted(again + [x for f in first for x in f]) == sorted(whole)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    n=st.integers(6000, 9000),
+    high=st.integers(1, 700),
+    seq=st.integers(1, 300),
+    window=st.integers(1, 2),
+    long_docs=st.sampled_from(["truncate", "split"]),
+    seed=st.integers(0, 2**32),
+)
+def test_best_fit_strata_property(n, high, seq, window, long_docs, seed):
+    """Strata of packing windows on random lengths and seq_len: one row count in every epoch,
+    every document in it (whole, truncated or split as asked), rows within seq_len."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, high + 1, n)
+    kw = dict(mode="best_fit", long_docs=long_docs, window=window, seed=seed, **ONE)
+    assert PackedSampler(lengths, seq, **kw)._layout.per_stratum > 1
+    counts = set()
+    for epoch in (0, 1):
+        s = PackedSampler(lengths, seq, **kw)
+        s.set_epoch(epoch)
+        rows = rows_of(s)
+        counts.add(len(rows))
+        assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
+        covered = np.zeros(n, np.int64)
+        for row in rows:
+            for d, a, b in row:
+                covered[d] += b - a
+        assert np.array_equal(
+            covered, np.minimum(lengths, seq) if long_docs == "truncate" else lengths
+        )
+    assert counts == {PackedSampler(lengths, seq, **kw).num_rows}

@@ -93,6 +93,8 @@ void register_length(py::module_& m) {
         .def_property_readonly("num_batches", [](const PyLengthLayout& l) { return l.layout->num_batches(); })
         .def_property_readonly("num_windows", [](const PyLengthLayout& l) { return l.layout->num_windows(); })
         .def_property_readonly("num_classes", [](const PyLengthLayout& l) { return l.layout->num_classes(); })
+        .def_property_readonly("per_stratum",
+                               [](const PyLengthLayout& l) { return l.layout->strata().per_stratum(); })
         .def("window_offset", [](const PyLengthLayout& l, std::uint64_t w) {
                  if (w > l.layout->num_windows()) throw py::index_error("window out of range");
                  return l.layout->window_offset(w);

@@ -89,6 +89,8 @@ void register_packed(py::module_& m) {
         .def_property_readonly("full_rows", [](const PyPackLayout& l) { return l.layout->full_rows(); })
         .def_property_readonly("num_windows", [](const PyPackLayout& l) { return l.layout->num_windows(); })
         .def_property_readonly("num_classes", [](const PyPackLayout& l) { return l.layout->num_classes(); })
+        .def_property_readonly("per_stratum",
+                               [](const PyPackLayout& l) { return l.layout->strata().per_stratum(); })
         .def_property_readonly("packed_tokens", [](const PyPackLayout& l) { return l.layout->packed_tokens(); })
         .def_property_readonly("truncated_tokens",
                                [](const PyPackLayout& l) { return l.layout->truncated_tokens(); });

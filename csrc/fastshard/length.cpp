@@ -192,7 +192,9 @@ LengthsSummary scan_lengths(const Lengths& lengths, unsigned threads) {
 
 LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::uint64_t window, unsigned threads,
                            std::uint64_t min_class_items)
-    : lengths_(lengths), rule_(rule), strata_(lengths.n, window) {
+    : lengths_(lengths),
+      rule_(rule),
+      strata_(lengths.n, window, rule.max_tokens != 0 ? strata_per(lengths.n, window) : 1) {
     if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
     if (window == 0) throw std::invalid_argument("sort_window must be >= 1");
     if ((rule.batch_size == 0) == (rule.max_tokens == 0))
@@ -237,14 +239,20 @@ LengthLayout::LengthLayout(const Lengths& lengths, const BatchRule& rule, std::u
             fine_max[f] = std::max(fine_max[f], maxima[p][f]);
         }
     // Classes: occupied fine buckets in length order, merged upwards (stratify.hpp).
-    strata_.set_classes(LengthClasses(fine, fine_max, min_class_items != 0 ? min_class_items : class_min_items(n, windows)));
+    strata_.set_classes(LengthClasses(
+        fine, fine_max, min_class_items != 0 ? min_class_items : class_min_items(n, strata_.num_strata())));
     const std::uint32_t classes = num_classes();
     // Each window's batch count from its class quotas: the same in every epoch.
-    parallel_for(windows, threads, 64, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        std::vector<std::uint64_t> quota;
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            strata_.quotas(w, quota);
-            offsets_[w + 1] = cut_count(quota.data(), strata_.classes().uppers().data(), classes, rule_);
+    const std::uint64_t per = strata_.per_stratum();
+    parallel_for(strata_.num_strata(), threads, 1 + 63 / per, [&](unsigned, std::uint64_t t0, std::uint64_t count) {
+        std::vector<std::uint64_t> stratum, quota;
+        for (std::uint64_t t = t0; t < t0 + count; ++t) {
+            strata_.stratum_quotas(t, stratum);
+            for (std::uint64_t j = 0; j < strata_.windows_in(t); ++j) {
+                strata_.share(t, stratum, j, quota);
+                offsets_[t * per + j + 1] =
+                    cut_count(quota.data(), strata_.classes().uppers().data(), classes, rule_);
+            }
         }
     });
     for (std::uint64_t w = 0; w < windows; ++w) offsets_[w + 1] += offsets_[w];
@@ -291,22 +299,41 @@ constexpr std::uint64_t kMaxWalked = std::uint64_t{1} << 22;
 
 void LengthEpoch::gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const {
     const LengthLayout& L = *layout_;
-    WindowRanks ranks = prefix_.window_ranks(L.strata(), w);
+    StratumItems& st = out.stratum;
+    const std::uint64_t t = L.strata().stratum_of(w);
+    if (st.stratum != t) read_stratum(t, out);
+    select_window(L.strata(), w, st.classes, [&](std::size_t i) {
+        out.items.push_back(st.items[i]);
+        lens.push_back(st.lens[i]);
+    });
+}
+
+void LengthEpoch::read_stratum(std::uint64_t t, WindowBatches& out) const {
+    const LengthLayout& L = *layout_;
+    StratumItems& st = out.stratum;
+    st.clear();
+    WindowRanks ranks = prefix_.stratum_ranks(L.strata(), t);
     const std::uint64_t p0 = ranks.p0, p1 = ranks.p1;
-    if (p0 == p1) return;
     const auto take = [&](std::uint64_t item, std::uint64_t v) {
-        if (ranks.take(L.class_of(v))) {
-            out.items.push_back(item);
-            lens.push_back(v);
+        const std::uint32_t b = L.class_of(v);
+        if (ranks.take(b)) {
+            st.items.push_back(item);
+            st.lens.push_back(v);
+            st.classes.push_back(b);
         }
     };
+    if (p0 == p1) {
+        st.stratum = t;
+        return;
+    }
     if (p1 - p0 > kMaxWalked) {
         out.walked_items.clear();
         out.walked_lens.clear();
         walk_order(L.lengths(), perm_, p0, p1, [&](std::uint64_t, std::uint64_t item, std::uint64_t v) { take(item, v); });
+        st.stratum = t;
         return;
     }
-    // Windows read in order read overlapping ranges: keep what was read, read only the rest.
+    // Strata read in order read overlapping ranges: keep what was read, read only the rest.
     const std::uint64_t c0 = out.walked_first, c1 = c0 + out.walked_items.size();
     std::vector<std::uint64_t> items(static_cast<std::size_t>(p1 - p0)), vals(items.size());
     const auto store = [&](std::uint64_t p, std::uint64_t item, std::uint64_t v) {
@@ -330,6 +357,7 @@ void LengthEpoch::gather_stratified(std::uint64_t w, WindowBatches& out, std::ve
     out.walked_first = p0;
     out.walked_items.swap(items);
     out.walked_lens.swap(vals);
+    st.stratum = t;
 }
 
 void LengthEpoch::build(std::uint64_t w, WindowBatches& out) const {

@@ -14,9 +14,11 @@
 // - a length class groups lengths (rule length max(v, 1): exact below 128, then 7 significant
 //   bits, merged upwards until each class holds enough items, see LengthLayout); its bound
 //   upper_b is the largest rule length of its items;
-// - window w gets a fixed quota of each class, N_wb = floor(c_b s_{w+1} / n) - floor(c_b s_w / n)
-//   (s_w = min(w * window, n)): the class-b items of the epoch's order of class rank
-//   [floor(c_b s_w / n), floor(c_b s_{w+1} / n));
+// - windows are grouped into strata (stratify.hpp: enough windows to a stratum that the classes
+//   stay at most 10^-4 of n at any n); stratum t gets a fixed quota of each class, floor(c_b
+//   s_{t+1} / n) - floor(c_b s_t / n) (s_t = min(t * stratum, n)): the class-b items of the
+//   epoch's order of class rank in that range; they are dealt to its windows round-robin, class
+//   after class (stratify.hpp), each window an equal share of every class;
 // - the window, sorted by (length, position), is cut greedily with the budget applied to the
 //   class bounds: a batch takes the next item while (count + 1) * upper_b <= max_tokens (and
 //   count + 1 <= max_batch_size). Sorted by length is sorted by class, so the cut depends on the
@@ -24,8 +26,8 @@
 //   configuration, the same in every epoch, and len(batch) * max(lengths) <= max_tokens holds
 //   for every batch of more than one item.
 // The epoch finds a window's items without a per-item index: one scan of the epoch's order keeps
-// each class's count before every window boundary of the order (a prefix histogram), and the
-// window reads the few ranges of the order that hold its class ranks.
+// each class's count before every stratum boundary of the order (a prefix histogram), and the
+// stratum reads the few ranges of the order that hold its class ranks (kept for its windows).
 //
 // Memory beyond the lengths: one offset per window; with max_tokens the class table and a
 // (windows + 1) x classes prefix histogram per epoch; per rank the one window it is reading
@@ -101,6 +103,8 @@ struct WindowBatches {
     // them) does not read them again.
     std::uint64_t walked_first = 0;
     std::vector<std::uint64_t> walked_items, walked_lens;
+    // With max_tokens: the items of the window's stratum, read from those ranges.
+    StratumItems stratum;
 };
 
 // What does not depend on the epoch: the windows, the length classes and each window's number
@@ -158,6 +162,7 @@ class LengthEpoch {
     // Window w's items (in the epoch's order) and their lengths.
     void gather_window(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const;
     void gather_stratified(std::uint64_t w, WindowBatches& out, std::vector<std::uint64_t>& lens) const;
+    void read_stratum(std::uint64_t t, WindowBatches& out) const;
 
     std::shared_ptr<const LengthLayout> layout_;
     std::uint64_t seed_, epoch_;

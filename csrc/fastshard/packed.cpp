@@ -112,6 +112,7 @@ struct WindowCache {
     std::uint64_t window = ~std::uint64_t{0};
     std::vector<std::uint64_t> docs, starts;
     std::unique_ptr<Feistel> order;
+    StratumItems stratum;  // the documents of the window's stratum
 };
 
 }  // namespace
@@ -360,7 +361,7 @@ void ConcatEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>&) co
 
 PackLayout::PackLayout(const Lengths& lengths, std::uint64_t seq_len, bool split, std::uint64_t window,
                        unsigned threads, std::uint64_t min_class_items)
-    : lengths_(lengths), seq_len_(seq_len), split_(split), strata_(lengths.n, window) {
+    : lengths_(lengths), seq_len_(seq_len), split_(split), strata_(lengths.n, window, strata_per(lengths.n, window)) {
     if (lengths.n == 0) throw std::invalid_argument("lengths must not be empty");
     if (window == 0) throw std::invalid_argument("window must be >= 1");
     const PackedScan scan = scan_packed(lengths, seq_len, true, split, threads);
@@ -375,18 +376,23 @@ PackLayout::PackLayout(const Lengths& lengths, std::uint64_t seq_len, bool split
     std::iota(uppers.begin(), uppers.end(), std::uint64_t{0});
     for (std::size_t e = 1; e < scan.histogram.size(); ++e) packed_tokens_ += scan.histogram[e] * e;
     strata_.set_classes(
-        LengthClasses(scan.histogram, uppers, min_class_items != 0 ? min_class_items : class_min_items(n, windows)));
+        LengthClasses(scan.histogram, uppers,
+                      min_class_items != 0 ? min_class_items : class_min_items(n, strata_.num_strata())));
     // Each window's row count from its class quotas alone: the same in every epoch.
     offsets_.assign(static_cast<std::size_t>(windows) + 1, 0);
     const std::uint32_t classes = num_classes();
-    parallel_for(windows, threads, 4, [&](unsigned, std::uint64_t w0, std::uint64_t count) {
-        std::vector<std::uint64_t> quota;
-        for (std::uint64_t w = w0; w < w0 + count; ++w) {
-            BestFit fit(seq_len);
-            strata_.quotas(w, quota);
-            for (std::uint32_t b = classes; b-- > 0;)
-                for (std::uint64_t k = 0; k < quota[b]; ++k) fit.add(class_upper(b));
-            offsets_[static_cast<std::size_t>(w) + 1] = fit.rows();
+    const std::uint64_t per = strata_.per_stratum();
+    parallel_for(strata_.num_strata(), threads, 1, [&](unsigned, std::uint64_t t0, std::uint64_t count) {
+        std::vector<std::uint64_t> stratum, quota;
+        for (std::uint64_t t = t0; t < t0 + count; ++t) {
+            strata_.stratum_quotas(t, stratum);
+            for (std::uint64_t j = 0; j < strata_.windows_in(t); ++j) {
+                BestFit fit(seq_len);
+                strata_.share(t, stratum, j, quota);
+                for (std::uint32_t b = classes; b-- > 0;)
+                    for (std::uint64_t k = 0; k < quota[b]; ++k) fit.add(class_upper(b));
+                offsets_[static_cast<std::size_t>(t * per + j) + 1] = fit.rows();
+            }
         }
     });
     for (std::size_t w = 1; w < offsets_.size(); ++w) offsets_[w] += offsets_[w - 1];
@@ -411,25 +417,37 @@ BestFitEpoch::BestFitEpoch(std::shared_ptr<const PackLayout> layout, std::uint64
                                             OrderSums::Weight::full_pieces, threads);
 }
 
-void BestFitEpoch::gather(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint32_t>& cls) const {
+void BestFitEpoch::gather(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint32_t>& cls,
+                          StratumItems& stratum) const {
     const PackLayout& L = *layout_;
-    WindowRanks ranks = prefix_.window_ranks(L.strata(), w);
+    const std::uint64_t t = L.strata().stratum_of(w);
+    if (stratum.stratum != t) {  // read the stratum's documents, kept for its other windows
+        stratum.clear();
+        WindowRanks ranks = prefix_.stratum_ranks(L.strata(), t);
+        walk_order(L.lengths(), perm_, ranks.p0, ranks.p1, [&](std::uint64_t, std::uint64_t doc, std::uint64_t v) {
+            const std::uint32_t b = L.class_of(v);
+            if (ranks.take(b)) {
+                stratum.items.push_back(doc);
+                stratum.classes.push_back(b);
+            }
+        });
+        stratum.stratum = t;
+    }
     docs.clear();
     cls.clear();
-    walk_order(L.lengths(), perm_, ranks.p0, ranks.p1, [&](std::uint64_t, std::uint64_t doc, std::uint64_t v) {
-        const std::uint32_t b = L.class_of(v);
-        if (ranks.take(b)) {
-            docs.push_back(doc);
-            cls.push_back(b);
-        }
+    select_window(L.strata(), w, stratum.classes, [&](std::size_t i) {
+        docs.push_back(stratum.items[i]);
+        cls.push_back(stratum.classes[i]);
     });
 }
 
-void BestFitEpoch::build(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint64_t>& starts) const {
+void BestFitEpoch::build(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint64_t>& starts,
+                         StratumItems* stratum) const {
     const PackLayout& L = *layout_;
     std::vector<std::uint64_t> found;
     std::vector<std::uint32_t> cls;
-    gather(w, found, cls);
+    StratumItems own;
+    gather(w, found, cls, stratum != nullptr ? *stratum : own);
     // Decreasing class bound, ties in the order's position order: what the layout counted.
     std::vector<std::uint32_t> idx(found.size());
     std::iota(idx.begin(), idx.end(), 0U);
@@ -478,7 +496,7 @@ void BestFitEpoch::row(std::uint64_t g, Segments& out, std::shared_ptr<void>& ca
     auto& wc = *static_cast<WindowCache*>(cache.get());
     if (wc.window != w) {
         wc.window = ~std::uint64_t{0};  // invalid until the build completes
-        build(w, wc.docs, wc.starts);
+        build(w, wc.docs, wc.starts, &wc.stratum);
         const std::uint64_t rows = wc.starts.size() - 1;
         wc.order = std::make_unique<Feistel>(rows == 0 ? 1 : rows, derive_key(kPackedDomain + 2, w, seed_, epoch_));
         wc.window = w;

@@ -14,9 +14,11 @@
 // windows (the scheme of LengthGroupedBatchSampler's token budget, branch length-count): a
 // document's packing length e (min(length, seq_len) with truncation; the last piece's length with
 // splitting) falls in a length class (exact lengths, merged upwards until each class holds enough
-// documents); window w gets the fixed quota floor(c_b s_{w+1} / n) - floor(c_b s_w / n) of each
-// class b, its class-b documents of class rank in that range of the epoch's order; the window is
-// packed on the class bounds, so its row count depends on the quotas alone. The real documents
+// documents); windows are grouped into strata (stratify.hpp: enough windows to a stratum that
+// the classes stay at most 10^-4 of n at any n), stratum t gets the fixed quota floor(c_b
+// s_{t+1} / n) - floor(c_b s_t / n) of each class b, its class-b documents of class rank in that
+// range of the epoch's order, dealt round-robin to its windows; a window is packed on the class
+// bounds, so its row count depends on the quotas alone. The real documents
 // (each no longer than its class bound) take the slots. With splitting, the full seq_len pieces
 // of longer documents are rows of their own, found as concat finds rows (per-window sums of the
 // full piece count over the order), and interleaved evenly with the packed rows.
@@ -178,11 +180,14 @@ class BestFitEpoch final : public RowSource {
     BestFitEpoch(std::shared_ptr<const PackLayout> layout, std::uint64_t seed, std::uint64_t epoch, unsigned threads);
     std::uint64_t num_rows() const noexcept override { return layout_->num_rows(); }
     void row(std::uint64_t g, Segments& out, std::shared_ptr<void>& cache) const override;
-    // Window w's packed rows: docs in slot order, rows[b] = [starts[b], starts[b + 1]).
-    void build(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint64_t>& starts) const;
+    // Window w's packed rows: docs in slot order, rows[b] = [starts[b], starts[b + 1]). `stratum`:
+    // the reader's kept stratum (read afresh where null or another).
+    void build(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint64_t>& starts,
+               StratumItems* stratum = nullptr) const;
 
   private:
-    void gather(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint32_t>& classes) const;
+    void gather(std::uint64_t w, std::vector<std::uint64_t>& docs, std::vector<std::uint32_t>& classes,
+                StratumItems& stratum) const;
     void piece(std::uint64_t doc, std::uint64_t length, Segments& out) const;
 
     std::shared_ptr<const PackLayout> layout_;

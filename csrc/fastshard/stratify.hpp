@@ -5,13 +5,28 @@
 // - Lengths: the caller's integer array read in place, whatever its integer type.
 // - LengthClasses: a histogram of keys (in increasing length order) merged upwards into classes
 //   of at least min_items items; a class's bound is the largest rule length of its items.
-// - Strata: windows of wsize positions of the epoch's order; window w gets a fixed quota of each
-//   class b, the class-b items of class rank [floor(c_b s_w / n), floor(c_b s_{w+1} / n)) in the
-//   order (s_w = min(w * wsize, n)), so that a window's contents by class, and so everything
-//   counted from them, are the same in every epoch.
-// - ClassPrefix: one scan per epoch giving each class's count before every window boundary of
-//   the order; a window's class ranks are then read from the few ranges of the order holding
-//   them (WindowRanks), without a per-item index.
+// - Strata: windows of wsize positions of the epoch's order, grouped k to a stratum of k * wsize
+//   positions; stratum t gets a fixed quota of each class b, the class-b items of class rank
+//   [floor(c_b s_t / n), floor(c_b s_{t+1} / n)) in the order (s_t = min(t * k * wsize, n)); its
+//   items are dealt to its k_t windows round-robin, class after class (the stratum's class-b
+//   item of rank r to window (C_b + r) mod k_t, C_b its items of the classes before b), so that
+//   each window holds an equal share of every class and of the stratum (to one item), and a
+//   window's contents by class, and so everything counted from them, are the same in every
+//   epoch.
+// - ClassPrefix: one scan per epoch giving each class's count before every stratum boundary of
+//   the order; a stratum's class ranks are then read from the few ranges of the order holding
+//   them (WindowRanks), without a per-item index, and its windows taken from what was read
+//   (StratumItems).
+//
+// Why strata: a class of c items sits, at a boundary, about sqrt(c) / 2 items from its quota, so
+// reading a unit's quota from near its own range of the order needs classes of about units^2 /
+// 32 items (class_min_items). With windows as the units, classes coarsen as n grows at a fixed
+// window (their share of n is n / (32 wsize^2)), and every count made on the class bounds with
+// them: best_fit efficiency 0.9999 at 10^6 documents and 0.945 at 10^9 at the default window;
+// token-budget batches +0.7% at 10^7 and +101% at 10^9. Strata of at least about 18 sqrt(n)
+// items (strata_per: a power of two of windows) keep the classes at most 10^-4 of n at every n;
+// the range a stratum reads, ~ n / sqrt(c) positions, is what reading classes of that share
+// costs at any window size.
 #pragma once
 
 #include <algorithm>
@@ -327,17 +342,25 @@ std::vector<std::uint64_t> window_weight_sums(const Lengths& lengths, const Feis
     return out;
 }
 
-// Fewest items per length class by default (measured: bench/RESULTS.md). A window's quota of a
-// class must come from near the window's own range of the order, or gathering it reads far
-// ranges: a class of c items sits, at a window boundary, about sqrt(c) / 2 items, n / (2 sqrt(c))
-// positions, from its quota, and a window reads its own range plus the largest deviation of its
-// classes on either side. Merging costs batches (rows), though: a merged class's bound is its
-// largest length. At 1e7 lognormal lengths in 245 windows, classes of >= windows^2 / 32 items
-// read 11 windows per window for 0.8% more batches than a cut on the actual lengths; >=
-// windows^2 / 8, 7 windows for 3.3% more; >= windows^2 / 2, 5 windows for 14% more. Small epochs
-// (windows * n <= 2^24 positions: reading all of them for every window costs a few tenths of a
-// second) keep every key, and at least 32 classes stay possible whatever the number of windows.
-std::uint64_t class_min_items(std::uint64_t n, std::uint64_t windows);
+// Fewest items per length class by default (measured: bench/RESULTS.md), given the number of
+// strata. A stratum's quota of a class must come from near the stratum's own range of the order,
+// or gathering it reads far ranges: a class of c items sits, at a stratum boundary, about
+// sqrt(c) / 2 items, n / (2 sqrt(c)) positions, from its quota, and a stratum reads its own range
+// plus the largest deviation of its classes on either side. Merging costs batches (rows), though:
+// a merged class's bound is its largest length. At 1e7 lognormal lengths in 245 units, classes
+// of >= units^2 / 32 items read 11 units per unit for 0.8% more batches than a cut on the actual
+// lengths; >= units^2 / 8, 7 units for 3.3% more; >= units^2 / 2, 5 units for 14% more. Small
+// epochs (strata * n <= 2^24 positions: reading all of them for every stratum costs a few tenths
+// of a second) keep every key, and at least 32 classes stay possible whatever the number of
+// strata.
+std::uint64_t class_min_items(std::uint64_t n, std::uint64_t strata);
+
+// Windows per stratum: the fewest, a power of two, for which class_min_items(n, strata) is at
+// most n / 10^4 (0.9995 best_fit efficiency and +0.6% token-budget batches on lognormal lengths,
+// bench/RESULTS.md), with strata of at most kMaxStratumItems positions (a stratum being read
+// costs 16 to 24 bytes per item) and at most all the windows. 1 where the windows are few enough.
+constexpr std::uint64_t kMaxStratumItems = std::uint64_t{1} << 22;
+std::uint64_t strata_per(std::uint64_t n, std::uint64_t window);
 
 // Length classes over keys 0 .. K-1 in increasing length order.
 class LengthClasses {
@@ -362,32 +385,51 @@ class LengthClasses {
     std::vector<std::uint64_t> count_, upper_;
 };
 
-// Windows of the order and each class's quota per window.
+// Windows of the order, strata of `per_stratum` windows, and each class's quota per window.
 class Strata {
   public:
-    Strata(std::uint64_t n, std::uint64_t window) : n_(n), window_(window) {}
+    Strata(std::uint64_t n, std::uint64_t window, std::uint64_t per_stratum = 1)
+        : n_(n), window_(window), per_(per_stratum == 0 ? 1 : per_stratum) {}
 
     std::uint64_t num_items() const noexcept { return n_; }
     std::uint64_t window_size() const noexcept { return window_; }
     std::uint64_t num_windows() const noexcept { return n_ == 0 ? 0 : (n_ - 1) / window_ + 1; }
-    // First position of window w in the epoch's order (also the quotas' s_w).
+    // First position of window w in the epoch's order.
     std::uint64_t window_start(std::uint64_t w) const noexcept { return w * window_ < n_ ? w * window_ : n_; }
+
+    std::uint64_t per_stratum() const noexcept { return per_; }
+    std::uint64_t stratum_size() const noexcept { return per_ * window_; }
+    std::uint64_t num_strata() const noexcept { return n_ == 0 ? 0 : (n_ - 1) / stratum_size() + 1; }
+    std::uint64_t stratum_of(std::uint64_t w) const noexcept { return w / per_; }
+    // First position of stratum t in the epoch's order (also the quotas' s_t).
+    std::uint64_t stratum_start(std::uint64_t t) const noexcept {
+        return t < num_strata() ? t * stratum_size() : n_;
+    }
 
     const LengthClasses& classes() const noexcept { return classes_; }
     void set_classes(LengthClasses classes) { classes_ = std::move(classes); }
     std::uint32_t num_classes() const noexcept { return classes_.size(); }
-    // Class-b items of windows before w: floor(c_b s_w / n).
-    std::uint64_t quota_before(std::uint64_t w, std::uint32_t b) const noexcept;
+    // Class-b items of strata before t: floor(c_b s_t / n).
+    std::uint64_t stratum_quota_before(std::uint64_t t, std::uint32_t b) const noexcept;
     // Window w's quota of every class, into quota (resized to the number of classes).
     void quotas(std::uint64_t w, std::vector<std::uint64_t>& quota) const;
+    // The same for every window of stratum t at once (a layout's loop): stratum t's quotas
+    // into `stratum`, then share(t, stratum, j, out) is its j-th window's: of class b, the
+    // ranks r < q_b with (C_b + r) mod windows_in(t) == j.
+    std::uint64_t windows_in(std::uint64_t t) const noexcept {
+        return std::min(per_, num_windows() - t * per_);
+    }
+    void stratum_quotas(std::uint64_t t, std::vector<std::uint64_t>& stratum) const;
+    void share(std::uint64_t t, const std::vector<std::uint64_t>& stratum, std::uint64_t j,
+               std::vector<std::uint64_t>& quota) const;
 
   private:
-    std::uint64_t n_, window_;
+    std::uint64_t n_, window_, per_;
     LengthClasses classes_;
 };
 
-// Window w's class ranks in an epoch's order: read positions [p0, p1) of the order, in order,
-// and call take(class) for each item; it says whether the item is one of window w's.
+// Stratum t's class ranks in an epoch's order: read positions [p0, p1) of the order, in order,
+// and call take(class) for each item; it says whether the item is one of stratum t's.
 class WindowRanks {
   public:
     std::uint64_t p0 = 0, p1 = 0;
@@ -401,8 +443,47 @@ class WindowRanks {
     std::vector<std::uint64_t> lo_, hi_, rank_;
 };
 
+// A stratum's items as read from the order (in position order) with their lengths and classes,
+// kept by a reader for the stratum's windows.
+struct StratumItems {
+    std::uint64_t stratum = ~std::uint64_t{0};
+    std::vector<std::uint64_t> items, lens;
+    std::vector<std::uint32_t> classes;
+    void clear() {
+        stratum = ~std::uint64_t{0};
+        items.clear();
+        lens.clear();
+        classes.clear();
+    }
+};
+
+// Calls take(i) for the indices i of window w's items among its stratum's items (classes[i],
+// in position order): the class-b item of rank r among the stratum's when (C_b + r) mod k_t is
+// w's place j in its stratum (Strata::share's deal).
+template <class Take>
+void select_window(const Strata& strata, std::uint64_t w, const std::vector<std::uint32_t>& classes, Take&& take) {
+    if (strata.per_stratum() == 1) {  // the window is its stratum
+        for (std::size_t i = 0; i < classes.size(); ++i) take(i);
+        return;
+    }
+    const std::uint32_t nc = strata.num_classes();
+    const std::uint64_t t = strata.stratum_of(w), j = w - t * strata.per_stratum();
+    const std::uint64_t k = strata.windows_in(t);
+    std::vector<std::uint64_t> phase(nc);  // (C_b + rank) mod k of class b's next item
+    std::uint64_t c = 0;
+    for (std::uint32_t b = 0; b < nc; ++b) {
+        phase[b] = c;
+        c = (c + (strata.stratum_quota_before(t + 1, b) - strata.stratum_quota_before(t, b)) % k) % k;
+    }
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+        std::uint64_t& p = phase[classes[i]];
+        if (p == j) take(i);
+        if (++p == k) p = 0;
+    }
+}
+
 // An epoch's prefix class histograms: prefix[k * classes + b] = class-b items at positions
-// [0, window_start(k)) of the epoch's order. Memory: (windows + 1) x classes words.
+// [0, stratum_start(k)) of the epoch's order. Memory: (strata + 1) x classes words.
 class ClassPrefix {
   public:
     ClassPrefix() = default;
@@ -411,24 +492,24 @@ class ClassPrefix {
     ClassPrefix(const Strata& strata, const Lengths& lengths, const Feistel& perm, ClassOf&& class_of,
                 unsigned threads);
 
-    // Which positions of the order hold window w's quotas, and the ranks to count from there.
-    WindowRanks window_ranks(const Strata& strata, std::uint64_t w) const;
+    // Which positions of the order hold stratum t's quotas, and the ranks to count from there.
+    WindowRanks stratum_ranks(const Strata& strata, std::uint64_t t) const;
 
   private:
     std::uint32_t classes_ = 0;
-    std::uint64_t windows_ = 0;
+    std::uint64_t strata_ = 0;
     std::vector<std::uint64_t> prefix_;
 };
 
 template <class ClassOf>
 ClassPrefix::ClassPrefix(const Strata& strata, const Lengths& lengths, const Feistel& perm, ClassOf&& class_of,
                          unsigned threads)
-    : classes_(strata.num_classes()), windows_(strata.num_windows()) {
+    : classes_(strata.num_classes()), strata_(strata.num_strata()) {
     const std::uint32_t classes = classes_;
-    // Each class's count in every window's range of positions, then prefix sums.
-    prefix_ = window_sums(lengths, perm, strata.window_size(), classes, threads,
+    // Each class's count in every stratum's range of positions, then prefix sums.
+    prefix_ = window_sums(lengths, perm, strata.stratum_size(), classes, threads,
                           [&](std::uint64_t* row, std::uint64_t v) { ++row[class_of(v)]; });
-    for (std::uint64_t w = 1; w <= windows_; ++w)
+    for (std::uint64_t w = 1; w <= strata_; ++w)
         for (std::uint32_t b = 0; b < classes; ++b) prefix_[w * classes + b] += prefix_[(w - 1) * classes + b];
 }
 
