@@ -159,7 +159,10 @@ if kind == "webdataset":
     ds = wds.WebDataset(arg, shardshuffle=100, nodesplitter=wds.split_by_node,
                         workersplitter=wds.split_by_worker, empty_check=False)
 else:
-    shards = readers.tar_shards(index=arg) if kind == "fastshard-index" else readers.tar_shards(arg)
+    if kind == "fastshard-index":
+        shards = readers.tar_shards(index=arg)
+    else:  # the group case asks rank 0 to count for every rank
+        shards = readers.tar_shards(arg, share_counts=kind == "fastshard-group")
     ds = fastshard.ShardedStream(shards.sizes, shards.read, batch_size=32, num_replicas=4,
                                  rank=rank, check_consistency=False)
 next(iter(ds))

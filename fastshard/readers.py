@@ -408,7 +408,7 @@ def tar_shards(
     index_every: int = INDEX_EVERY,
     opener: Opener | None = None,
     max_open_files: int = MAX_OPEN_FILES,
-    share_counts: bool = True,
+    share_counts: bool = False,
 ) -> Shards:
     """WebDataset-style tar shards as ``(shard_sizes, read)``.
 
@@ -426,10 +426,11 @@ def tar_shards(
       scan in the process that first reads it. Urls are relative to the index's folder.
     - ``sizes`` (one count per path, e.g. from a manifest): no scan here; offsets as above.
     - Otherwise a C++ scan of the member headers (it seeks over member data), keeping the
-      byte offset of every ``index_every``-th sample. With an initialised
-      ``torch.distributed`` process group of two or more ranks, rank 0 scans and broadcasts
-      the result, so every rank must call ``tar_shards`` with the same paths at the same
-      point; ``share_counts=False`` (on every rank) scans on each rank instead.
+      byte offset of every ``index_every``-th sample, on each rank. ``share_counts=True``,
+      with an initialised ``torch.distributed`` process group of two or more ranks: rank 0
+      scans and broadcasts the result, so every rank must then call ``tar_shards`` with the
+      same paths at the same point (a collective: a rank that does not call it leaves the
+      others waiting until the group's timeout, which is why it is not the default).
 
     Reading: a read seeks to the nearest indexed sample at or before ``start``, walks the
     headers of the fewer than ``index_every`` samples before ``start``, then reads whole
@@ -674,14 +675,14 @@ def parquet_shards(
     batch_rows: int = PY_ROWS,
     max_open_files: int = MAX_OPEN_FILES,
     cache_bytes: int = CACHE_BYTES,
-    share_counts: bool = True,
+    share_counts: bool = False,
 ) -> Shards:
     """Parquet files as ``(shard_sizes, read)``; needs ``pyarrow``.
 
     Each file is a shard of ``metadata.num_rows`` rows, read from its footer (no data is
-    read here; with an initialised process group of two or more ranks rank 0 reads the
-    footers and broadcasts them, as :func:`tar_shards` does; ``share_counts=False`` reads
-    them on every rank). ``read(shard, start, stop)`` yields rows ``[start, stop)`` as dicts
+    read here; with ``share_counts=True`` and an initialised process group of two or more
+    ranks, rank 0 reads the footers and broadcasts them, a collective call on every rank, as
+    for :func:`tar_shards`). ``read(shard, start, stop)`` yields rows ``[start, stop)`` as dicts
     ``{column: value}`` of Python values (``pyarrow.Table.to_pylist``), with only ``columns``
     if given: a column that a file does not have is an error, naming it. Dicts because a
     DataLoader's default collate stacks them field by field and they match what webdataset

@@ -265,23 +265,23 @@ SHARE_WORKER = textwrap.dedent(
         return real(*args)
     readers._scan_tars = counting
     results = {}
-    sizes, read = readers.tar_shards(paths)
+    sizes, read = readers.tar_shards(paths, share_counts=True)
     results["shared"] = {"sizes": sizes.tolist(), "scans": len(scans),
                          "first": read(1, 5, 6).__next__()["txt"].decode()}
     scans.clear()
-    sizes, _ = readers.tar_shards(paths, share_counts=False)
+    sizes, _ = readers.tar_shards(paths)  # the default: each rank scans, no collective
     results["local"] = {"sizes": sizes.tolist(), "scans": len(scans)}
     try:
-        readers.tar_shards(paths if rank == 0 else paths[::-1])
+        readers.tar_shards(paths if rank == 0 else paths[::-1], share_counts=True)
         results["different"] = "no error"
     except ValueError as err:
         results["different"] = str(err)
     try:
-        readers.tar_shards([p + ".missing" for p in paths])
+        readers.tar_shards([p + ".missing" for p in paths], share_counts=True)
         results["missing"] = "no error"
     except OSError as err:
         results["missing"] = type(err).__name__
-    pq = readers.parquet_shards(json.loads(os.environ["PARQUET"]))
+    pq = readers.parquet_shards(json.loads(os.environ["PARQUET"]), share_counts=True)
     results["parquet"] = pq.sizes.tolist()
     dist.destroy_process_group()
     print(json.dumps({"results": results}))
@@ -311,7 +311,7 @@ def test_rank_zero_counts_and_the_others_receive(tmp_path: Path) -> None:
         assert res["shared"]["sizes"] == sizes
         assert res["shared"]["scans"] == (1 if rank == 0 else 0)  # only rank 0 scanned
         assert res["shared"]["first"] == "1:5"
-        assert res["local"] == {"sizes": sizes, "scans": 1}  # share_counts=False: each rank
+        assert res["local"] == {"sizes": sizes, "scans": 1}  # the default: each rank scans
         assert "different shard lists" in res["different"]  # raised on both ranks
         assert res["missing"] == "FileNotFoundError"  # rank 0's error, raised on both
         assert res["parquet"] == sizes
