@@ -75,8 +75,10 @@ class Peak:
         self.growth = self.peak - self.base
 
 
-def pretrain_lengths(n: int, path: Path) -> np.memmap:
-    """Pretraining-like document lengths: lognormal, median ~ 600 tokens, in [1, 10^6]."""
+def _lognormal_file(n: int, path: Path, mu: float, sigma: float, hi: int) -> np.memmap:
+    """n lognormal(mu, sigma) lengths clipped to [1, hi] in a uint32 memmap file, made once in
+    chunks of 2^24 (one generator, so that every n is a prefix-free draw of the same
+    distribution; 10^9 lengths are 4 GB)."""
     if path.exists() and path.stat().st_size == 4 * n:
         return np.memmap(path, dtype=np.uint32, mode="r")
     mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n,))
@@ -84,26 +86,20 @@ def pretrain_lengths(n: int, path: Path) -> np.memmap:
     step = 1 << 24
     for a in range(0, n, step):
         b = min(n, a + step)
-        mm[a:b] = np.clip(np.rint(rng.lognormal(6.4, 1.1, b - a)), 1, 10**6)
+        mm[a:b] = np.clip(np.rint(rng.lognormal(mu, sigma, b - a)), 1, hi)
     mm.flush()
     del mm
     return np.memmap(path, dtype=np.uint32, mode="r")
+
+
+def pretrain_lengths(n: int, path: Path) -> np.memmap:
+    """Pretraining-like document lengths: lognormal, median ~ 600 tokens, in [1, 10^6]."""
+    return _lognormal_file(n, path, 6.4, 1.1, 10**6)
 
 
 def sft_file(n: int, path: Path) -> np.memmap:
-    """sft_lengths(n) in a uint32 memmap file, made in chunks of 2^24 (one generator, so that
-    every n is a prefix-free draw of the same distribution; 10^9 lengths are 4 GB)."""
-    if path.exists() and path.stat().st_size == 4 * n:
-        return np.memmap(path, dtype=np.uint32, mode="r")
-    mm = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n,))
-    rng = np.random.default_rng(0)
-    step = 1 << 24
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        mm[a:b] = np.clip(np.rint(rng.lognormal(5.5, 1.0, b - a)), 1, 16384)
-    mm.flush()
-    del mm
-    return np.memmap(path, dtype=np.uint32, mode="r")
+    """sft_lengths(n) (lognormal(5.5, 1) in [1, 16384]) in a uint32 memmap file."""
+    return _lognormal_file(n, path, 5.5, 1.0, 16384)
 
 
 def sft_lengths(n: int, seed: int = 0) -> np.ndarray:
