@@ -109,20 +109,26 @@ def test_best_fit_every_document_once(world, long_docs):
     per_rank = all_rows(
         lengths, seq, world, epoch=1, mode="best_fit", long_docs=long_docs, pad=False, window=700
     )
-    rows = [row for rank in per_rank for row in rank]
-    assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
     assert max(len(r) for r in per_rank) - min(len(r) for r in per_rank) <= 1
-    pieces = {}
+    assert_best_fit_epoch([row for rank in per_rank for row in rank], lengths, seq, long_docs)
+
+
+def assert_best_fit_epoch(rows: list, lengths: np.ndarray, seq: int, long_docs: str) -> None:
+    """best_fit's rows of one epoch: each within seq_len, every document once; a long one
+    truncated to its first seq_len tokens, or split into pieces of seq_len (the last shorter)
+    that tile it."""
+    assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
+    pieces: dict[int, list[tuple[int, int]]] = {}
     for row in rows:
         for d, a, b in row:
             pieces.setdefault(int(d), []).append((int(a), int(b)))
     assert sorted(pieces) == list(range(len(lengths)))
     for d, segs in pieces.items():
         L = int(lengths[d])
+        segs.sort()
         if long_docs == "truncate":
             assert segs == [(0, min(L, seq))]
         else:
-            segs.sort()
             assert segs[0][0] == 0 and segs[-1][1] == L
             assert all(x[1] == y[0] for x, y in zip(segs, segs[1:]))
             assert all(b - a == seq for a, b in segs[:-1])
@@ -562,20 +568,7 @@ def test_best_fit_strata_every_document_once(world, long_docs):
         per_rank = all_rows(lengths, seq, world, epoch=epoch, **kw)
         rows = [row for rank in per_rank for row in rank]
         counts.add(len(rows))
-        assert all(int((r[:, 2] - r[:, 1]).sum()) <= seq for r in rows)
-        pieces = {}
-        for row in rows:
-            for d, a, b in row:
-                pieces.setdefault(int(d), []).append((int(a), int(b)))
-        assert sorted(pieces) == list(range(len(lengths)))
-        for d, segs in pieces.items():
-            L = int(lengths[d])
-            segs.sort()
-            if long_docs == "truncate":
-                assert segs == [(0, min(L, seq))]
-            else:  # every token once: pieces that tile [0, L)
-                assert segs[0][0] == 0 and segs[-1][1] == L
-                assert all(x[1] == y[0] for x, y in zip(segs, segs[1:]))
+        assert_best_fit_epoch(rows, lengths, seq, long_docs)
     assert len(counts) == 1
 
 
