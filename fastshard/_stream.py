@@ -516,9 +516,9 @@ class ShardedStream(IterableDataset[Any]):
         digest = hashlib.blake2b(f"{base}/{self._iterations}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") >> 1, int(info.id), int(info.num_workers)
 
-    def _begin_iteration(self) -> tuple[int, int, int, str | None]:
-        """(epoch, cursor, lanes) of the iteration starting in this copy, and the warning that
-        its epoch repeats the previous iteration's order (given at the first item: raised
+    def _begin_iteration(self) -> tuple[int, int, int, int, str | None]:
+        """(key, epoch, cursor, lanes) of the iteration starting in this copy, and the warning
+        that its epoch repeats the previous iteration's order (given at the first item: raised
         from ``iter()`` in a DataLoader worker, an error would end the worker without its
         message)."""
         key, worker, workers = self._iteration_key()
@@ -528,9 +528,8 @@ class ShardedStream(IterableDataset[Any]):
             key, worker, workers, resume, self.auto_epoch, self.lanes
         )
         self._start_pass(epoch, cursor, lanes=lanes)
-        self._key = key
         if not (repeated and self.shuffle) or self._epoch_warned or worker != 0:
-            return epoch, cursor, lanes, None
+            return key, epoch, cursor, lanes, None
         self._epoch_warned = True
         where = (
             " (in a DataLoader worker). Call stream.set_epoch(epoch) in the main process "
@@ -541,6 +540,7 @@ class ShardedStream(IterableDataset[Any]):
             "auto_epoch=True"
         )
         return (
+            key,
             epoch,
             cursor,
             lanes,
@@ -582,11 +582,11 @@ class ShardedStream(IterableDataset[Any]):
         _frameworks.check_not_resharded(self, *splitter)
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch, cursor, lanes, repeat = self._begin_iteration()
+        key, epoch, cursor, lanes, repeat = self._begin_iteration()
         if info is None:
             _distributed.check(self)
         it = _StreamIterator(self, epoch, cursor, worker, workers, lanes)
-        it.key = self._key
+        it.key = key
         it.warnings = [] if repeat is None else [(repeat, EpochWarning)]
         readers = self.batch_size * self.num_replicas * workers
         if lanes % readers and worker == 0:
@@ -653,8 +653,7 @@ class ShardedStream(IterableDataset[Any]):
             )
         it = self._iterator
         cursor = self._cursor if it is None else it.global_cursor()
-        lanes = self._pass_lanes if it is None else it.lanes
-        return _state.make(self._config(lanes), self.epoch, min(cursor, self.num_rows))
+        return _state.make(self._config(), self.epoch, min(cursor, self.num_rows))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a checkpoint saved on any number of ranks and workers: a state of
