@@ -22,12 +22,13 @@ cache of at most ``cache_bytes`` (default 256 MiB) that every open read slices r
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, NamedTuple, Union
+from typing import IO, Any, ClassVar, NamedTuple, Union
 
 import numpy as np
 
@@ -278,12 +279,35 @@ def _scan_tars(
     return (np.asarray(c, dtype=np.int64), bounds, flat, np.asarray(e, dtype=np.int64))
 
 
-class TarRead:
+class _ShardRead:
+    """What the readers share: ``read(shard, start, stop)`` checks the range against the
+    shard sizes, then reads; a pickle carries the per-process state (open files, decoded
+    data: ``_PER_PROCESS``, each attribute with the value a process starts from) empty."""
+
+    sizes: np.ndarray
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None}
+
+    def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        _rows(shard, start, stop, self.sizes)
+        return self._read(shard, start, stop)
+
+    def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update({name: copy.copy(empty) for name, empty in self._PER_PROCESS.items()})
+        return state
+
+
+class TarRead(_ShardRead):
     """``read(shard, start, stop)`` over tar shards (see :func:`tar_shards`). Holds the
     paths and, per shard, the byte offset of every ``index_every``-th sample and the end of
     its last sample; shards counted without offsets are scanned in the process that first
     reads them (headers only, once). Pickles as paths and offset tables: the pool of open
     files is made afresh in each process."""
+
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_scanned": {}}
 
     def __init__(
         self,
@@ -307,12 +331,6 @@ class TarRead:
         self.filesizes = filesizes
         self._pool: FilePool | None = None
         self._scanned: dict[int, tuple[np.ndarray, int, int]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"] = None
-        state["_scanned"] = {}
-        return state
 
     def files(self) -> FilePool:
         """This process's pool of open shard files."""
@@ -354,10 +372,6 @@ class TarRead:
                 raise _not_tar(err) from None
             found = self._scanned[shard] = (offs, int(end), int(n))
         return found
-
-    def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
-        _rows(shard, start, stop, self.sizes)
-        return self._read(shard, start, stop)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         if start == stop:
@@ -556,10 +570,12 @@ class RowGroupCache:
         return rows
 
 
-class ParquetRead:
+class ParquetRead(_ShardRead):
     """``read(shard, start, stop)`` over Parquet files (see :func:`parquet_shards`). Holds
     the paths, the columns and, per file, the first row of every row group; the open files
     and the decoded row groups are per process and never pickled."""
+
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_cache": None}
 
     def __init__(
         self,
@@ -580,12 +596,6 @@ class ParquetRead:
         self.cache_bytes = cache_bytes
         self._pool: FilePool | None = None
         self._cache: RowGroupCache | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"] = None
-        state["_cache"] = None
-        return state
 
     def files(self) -> FilePool:
         """This process's pool of open Parquet files."""
@@ -612,10 +622,6 @@ class ParquetRead:
             return table.combine_chunks()
 
         return self.cache().take((shard, group), lo, hi, decode)
-
-    def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
-        _rows(shard, start, stop, self.sizes)
-        return self._read(shard, start, stop)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         starts = self.group_starts[shard]
@@ -755,7 +761,7 @@ def _mds_decoder(encoding: str) -> Callable[[bytes], Any]:
     return bytes  # images, ndarrays and custom encodings: the stored bytes, undecoded
 
 
-class MdsRead:
+class MdsRead(_ShardRead):
     """``read(shard, start, stop)`` over uncompressed MDS shards (see :func:`mds_shards`)."""
 
     def __init__(
@@ -773,19 +779,10 @@ class MdsRead:
         self.max_open_files = max_open_files
         self._pool: FilePool | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"] = None
-        return state
-
     def files(self) -> FilePool:
         """This process's pool of open shard files."""
         self._pool = pool = FilePool.for_process(self._pool, lambda: FilePool(self.max_open_files))
         return pool
-
-    def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
-        _rows(shard, start, stop, self.sizes)
-        return self._read(shard, start, stop)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         path = self.paths[shard]
