@@ -196,6 +196,8 @@ unsigned read_into_windows(const Lengths& lengths, const Feistel& perm, std::uin
 
 // Prefetches of the scattered adds: each add prefetches the row this many adds ahead.
 constexpr std::size_t kWindowPrefetch = 32;
+// Tables of at most this many bytes are added into without prefetches.
+constexpr std::uint64_t kSmallTable = std::uint64_t{1} << 17;
 
 template <class Add, class See = NoSee>
 std::vector<std::uint64_t> window_sums(const Lengths& lengths, const Feistel& perm, std::uint64_t window,
@@ -273,6 +275,8 @@ std::vector<std::uint64_t> window_weight_sums(const Lengths& lengths, const Feis
         std::vector<std::pair<std::uint64_t, std::uint64_t>> spill;  // (row, carries of 2^32)
     };
     constexpr std::size_t kSpillMax = std::size_t{1} << 16;
+    // A table this small stays in L1/L2 without help: no prefetches (kSmallTable).
+    const bool small_table = rows * sizeof(std::uint32_t) <= kSmallTable;
     const auto parts_max = static_cast<unsigned>(std::min<std::uint64_t>(threads, fit));
     std::vector<Part> tables(parts_max);
     const unsigned parts = read_into_windows(
@@ -292,16 +296,23 @@ std::vector<std::uint64_t> window_weight_sums(const Lengths& lengths, const Feis
                 return;
             }
             std::uint32_t* table = p.low.get();
-            for (std::size_t k = 0; k < len; ++k) {
-#if defined(__GNUC__) || defined(__clang__)
-                if (k + kWindowPrefetch < len) __builtin_prefetch(table + row[k + kWindowPrefetch], 1);
-#endif
+            const auto add = [&](std::size_t k) {
                 const std::uint64_t w = weight(static_cast<std::uint64_t>(data[first + k]));
                 const std::uint32_t old = table[row[k]];
                 const auto sum = static_cast<std::uint32_t>(old + static_cast<std::uint32_t>(w));
                 table[row[k]] = sum;
                 const std::uint64_t carry = (w >> 32) + (sum < old ? 1 : 0);
                 if (carry != 0) p.spill.emplace_back(row[k], carry);
+            };
+            if (small_table) {
+                for (std::size_t k = 0; k < len; ++k) add(k);
+                return;
+            }
+            for (std::size_t k = 0; k < len; ++k) {
+#if defined(__GNUC__) || defined(__clang__)
+                if (k + kWindowPrefetch < len) __builtin_prefetch(table + row[k + kWindowPrefetch], 1);
+#endif
+                add(k);
             }
             if (p.spill.size() > kSpillMax) {  // to 64-bit words, spill included
                 p.wide = make_huge_array<std::uint64_t>(static_cast<std::size_t>(rows));
