@@ -641,6 +641,7 @@ class ParquetRead(_ShardRead):
         batch_rows: int = PY_ROWS,
         max_open_files: int = MAX_OPEN_FILES,
         cache_bytes: int = CACHE_BYTES,
+        memory_map: bool = True,
     ) -> None:
         self.paths = paths
         self.sizes = sizes
@@ -649,6 +650,7 @@ class ParquetRead(_ShardRead):
         self.batch_rows = batch_rows
         self.max_open_files = max_open_files
         self.cache_bytes = cache_bytes
+        self.memory_map = memory_map
         self._pool: FilePool | None = None
         self._cache: RowGroupCache | None = None
 
@@ -657,7 +659,11 @@ class ParquetRead(_ShardRead):
         pq = _pyarrow_parquet()
         self._pool = pool = FilePool.for_process(
             self._pool,
-            lambda: FilePool(self.max_open_files, open=pq.ParquetFile, close=_close_parquet),
+            lambda: FilePool(
+                self.max_open_files,
+                open=lambda path: pq.ParquetFile(path, memory_map=self.memory_map),
+                close=_close_parquet,
+            ),
         )
         return pool
 
@@ -738,6 +744,7 @@ def parquet_shards(
     max_open_files: int = MAX_OPEN_FILES,
     cache_bytes: int = CACHE_BYTES,
     share_counts: bool = False,
+    memory_map: bool = True,
 ) -> Shards:
     """Parquet files as ``(shard_sizes, read)``; needs ``pyarrow``.
 
@@ -751,13 +758,17 @@ def parquet_shards(
     and HF datasets yield.
 
     A row group (Parquet's smallest unit that can be read alone) is decoded once per process
-    into a cache shared by every open read, which slices ``batch_rows`` rows at a time from
-    it into Python objects as the stream takes them. The cache holds at most ``cache_bytes``
-    of decoded Arrow data (default 256 MiB, least recently used row groups dropped first):
-    when the row groups that the stream's lanes are reading at once exceed it, a row group
-    is decoded again for each lane that comes back to it. Small row groups (a few hundred
-    rows) keep both the cache and the decode of a read's first rows small. Files come from a
-    per-process pool of at most ``max_open_files``.
+    and turned into Python rows at once, into a cache shared by every open read, which takes
+    ``batch_rows`` rows at a time from it as the stream asks. The cache holds at most
+    ``cache_bytes`` of rows not yet taken (default 256 MiB, counted as their Arrow bytes plus
+    an estimate of their Python objects; least recently used row groups dropped first). When
+    the row groups that the stream's lanes are reading at once exceed it, a lane that comes
+    back to a dropped row group decodes it again for itself and keeps the rest of its rows
+    in it, at most ``cache_bytes / 64`` of them (see :class:`RowGroupCache`). Small row
+    groups (a few hundred rows) keep both the cache and the decode of a read's first rows
+    small. Files come from a per-process pool of at most ``max_open_files``, memory-mapped
+    by default (``memory_map=False`` reads them with buffered reads instead; mapped pages
+    are the page cache's, yet count in the process's RSS while mapped).
     """
     _pyarrow_parquet()
     ps = _paths(paths)
@@ -769,7 +780,9 @@ def parquet_shards(
         raise TypeError("columns must be a sequence of column names, not one string")
     counts, group_starts = _index.shared(lambda: _parquet_footers(ps, cols), ps, bool(share_counts))
     arr = np.asarray(counts, dtype=np.int64)
-    read = ParquetRead(ps, arr, group_starts, cols, batch_rows, max_open_files, cache_bytes)
+    read = ParquetRead(
+        ps, arr, group_starts, cols, batch_rows, max_open_files, cache_bytes, bool(memory_map)
+    )
     return Shards(arr, read)
 
 

@@ -588,6 +588,25 @@ def test_parquet_rows_read_twice_in_a_pass_come_back_whole(tmp_path: Path) -> No
     assert [x["row"] for x in read(0, 0, 200)] == list(range(200))
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_parquet_files_are_memory_mapped_unless_asked_not_to(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "mapped.parquet"
+    pq.write_table(pa.table({"row": pa.array(range(300), pa.int64())}), p, row_group_size=100)
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return any(line.rstrip().endswith(str(p)) for line in f)
+
+    for memory_map in (True, False):
+        _, read = readers.parquet_shards([p], memory_map=memory_map)
+        assert [x["row"] for x in read(0, 50, 250)] == list(range(50, 250))
+        assert mapped() == memory_map
+        read.files().close()
+        assert not mapped()
+
+
 # -- MDS ------------------------------------------------------------------------------------------
 def test_mds_shards_match_mosaic(tmp_path: Path) -> None:
     streaming = pytest.importorskip("streaming")
