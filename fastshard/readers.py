@@ -60,6 +60,14 @@ MAX_OPEN_FILES = 64
 CACHE_BYTES = 256 << 20
 # Rows turned into Python objects at a time by a Parquet or MDS read.
 PY_ROWS = 16
+# What a Python row costs beside its Arrow bytes, counted against a RowGroupCache's bound: a
+# dict and a list slot, then an object header a value (measured: 224 bytes a row of one int,
+# 286 of three, 1,224 of one 1,000-byte bytes against Arrow's 8, 24 and 1,004).
+PY_ROW_BYTES = 192
+PY_VALUE_BYTES = 48
+# A read that comes back to a row group the cache dropped keeps at most 1/PRIVATE_SHARE of
+# the cache's bytes of its own rows.
+PRIVATE_SHARE = 64
 
 
 # This process's id, kept current in forked children: the pools and caches compare it on
@@ -526,48 +534,95 @@ def _pyarrow_parquet() -> Any:
 
 
 class RowGroupCache:
-    """Decoded row groups of one process (Arrow tables), least recently used dropped first
-    once their buffers exceed ``max_bytes`` (the one just decoded always stays).
+    """Decoded row groups of one process, as Python rows, least recently used dropped first
+    once they exceed ``max_bytes`` (the one just decoded always stays).
 
-    :meth:`take` turns the rows asked for into Python dicts, new ones at every call. A row
-    group leaves the cache as soon as as many rows were taken from it as it holds (a stream
-    reads each row once per pass in each process); one asked for again decodes again."""
+    A row group is turned into Python rows in one ``to_pylist`` when it is decoded, and its
+    Arrow table is dropped at once: Arrow's allocator then reuses the same buffers for the
+    next decode, and :meth:`take` only slices a list. Rows are counted as their Arrow bytes
+    plus an estimate of the Python objects around them (:data:`PY_ROW_BYTES` a row and
+    :data:`PY_VALUE_BYTES` a value), so ``max_bytes`` bounds the rows held, not only the
+    decoded buffers. A row taken is released from the cache at once (a stream reads each
+    row once per pass in each process), and a row group leaves the cache when all its rows
+    were taken.
+
+    When the row groups read at once exceed ``max_bytes``, least-recently-used dropping would
+    go round in a cycle, each take decoding a row group that the previous one dropped. So a
+    row group dropped with rows left is not let back in at the cost of another: a read that
+    comes back to it decodes it for itself and takes the rest of its own rows in it, up to
+    ``max_bytes / PRIVATE_SHARE`` bytes of them (at least the rows asked for).
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.pid = _this_pid()
-        self.groups: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self.groups: OrderedDict[tuple[int, int], list[Any]] = OrderedDict()
         self.left: dict[tuple[int, int], int] = {}  # rows not yet taken
-        self.sizes: dict[tuple[int, int], int] = {}
-        self.bytes = 0
+        self.row_bytes: dict[tuple[int, int], float] = {}  # counted bytes of one row
+        self.charge: dict[tuple[int, int], float] = {}  # counted bytes of the rows held
+        self.bytes = 0.0
+        self.dropped: set[tuple[int, int]] = set()  # dropped with rows left
+        # rows of a dropped row group taken before the drop or by reads for themselves
+        self.elsewhere: dict[tuple[int, int], int] = {}
         self.decoded = 0  # row groups decoded so far (a measure of the cache's churn)
 
     def _drop(self, key: tuple[int, int]) -> None:
-        del self.groups[key], self.left[key]
-        self.bytes -= self.sizes.pop(key)
+        if self.left[key] > 0:
+            self.dropped.add(key)
+            self.elsewhere[key] = len(self.groups[key]) - self.left[key]  # taken so far
+        self.bytes -= self.charge.pop(key)
+        del self.groups[key], self.left[key], self.row_bytes[key]
 
     def take(
-        self, key: tuple[int, int], lo: int, hi: int, decode: Callable[[], Any]
+        self,
+        key: tuple[int, int],
+        lo: int,
+        hi: int,
+        decode: Callable[[], Any],
+        end: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Rows ``[lo, hi)`` of a row group, decoded by ``decode()`` if not at hand."""
-        table = self.groups.get(key)
-        if table is not None:
+        """Rows ``[lo, hi)`` of a row group, decoded by ``decode()`` if not at hand; or, when
+        the row group was dropped with rows left and does not fit beside the others, rows
+        ``[lo, x)`` for some ``hi <= x <= end`` (``end``: the last row the caller will take
+        from this row group, ``hi`` if not given)."""
+        rows = self.groups.get(key)
+        if rows is not None:
             self.groups.move_to_end(key)
         else:
             table = decode()
             self.decoded += 1
-            size = int(table.nbytes)
-            self.groups[key] = table
-            self.left[key] = table.num_rows
-            self.sizes[key] = size
-            self.bytes += size
+            n = table.num_rows
+            per_row = (int(table.nbytes) + n * PY_ROW_BYTES) / max(n, 1)
+            per_row += PY_VALUE_BYTES * table.num_columns
+            rows = table.to_pylist()
+            del table
+            if key in self.dropped and self.groups and self.bytes + n * per_row > self.max_bytes:
+                more = max(hi, lo + int(self.max_bytes / PRIVATE_SHARE / per_row))
+                own: list[dict[str, Any]] = rows[lo : min(max(hi, end or hi), more)]
+                self.elsewhere[key] = self.elsewhere.get(key, 0) + len(own)
+                return own
+            self.dropped.discard(key)
+            self.groups[key] = rows
+            # Rows already read outside the cache count as taken: the row group still
+            # leaves once the rest were taken.
+            self.left[key] = n - self.elsewhere.pop(key, 0)
+            self.row_bytes[key] = per_row
+            self.charge[key] = n * per_row
+            self.bytes += n * per_row
             while self.bytes > self.max_bytes and len(self.groups) > 1:
                 self._drop(next(iter(self.groups)))
-        rows: list[dict[str, Any]] = table.slice(lo, hi - lo).to_pylist()
+        out = rows[lo:hi]
+        if None in out:  # taken before in this pass (a padded epoch repeats rows)
+            again: list[dict[str, Any]] = decode().slice(lo, hi - lo).to_pylist()
+            self.decoded += 1
+            return again
+        rows[lo:hi] = [None] * (hi - lo)  # the cache's reference released with the row
         self.left[key] -= hi - lo
+        self.charge[key] -= (hi - lo) * self.row_bytes[key]
+        self.bytes -= (hi - lo) * self.row_bytes[key]
         if self.left[key] <= 0:
             self._drop(key)
-        return rows
+        return out
 
 
 class ParquetRead(_ShardRead):
@@ -586,6 +641,7 @@ class ParquetRead(_ShardRead):
         batch_rows: int = PY_ROWS,
         max_open_files: int = MAX_OPEN_FILES,
         cache_bytes: int = CACHE_BYTES,
+        memory_map: bool = True,
     ) -> None:
         self.paths = paths
         self.sizes = sizes
@@ -594,6 +650,7 @@ class ParquetRead(_ShardRead):
         self.batch_rows = batch_rows
         self.max_open_files = max_open_files
         self.cache_bytes = cache_bytes
+        self.memory_map = memory_map
         self._pool: FilePool | None = None
         self._cache: RowGroupCache | None = None
 
@@ -602,7 +659,11 @@ class ParquetRead(_ShardRead):
         pq = _pyarrow_parquet()
         self._pool = pool = FilePool.for_process(
             self._pool,
-            lambda: FilePool(self.max_open_files, open=pq.ParquetFile, close=_close_parquet),
+            lambda: FilePool(
+                self.max_open_files,
+                open=lambda path: pq.ParquetFile(path, memory_map=self.memory_map),
+                close=_close_parquet,
+            ),
         )
         return pool
 
@@ -613,15 +674,14 @@ class ParquetRead(_ShardRead):
             cache = self._cache = RowGroupCache(self.cache_bytes)
         return cache
 
-    def _take(self, shard: int, group: int, lo: int, hi: int) -> list[dict[str, Any]]:
+    def _take(self, shard: int, group: int, lo: int, hi: int, end: int) -> list[dict[str, Any]]:
         def decode() -> Any:
             pool = self.files()
             with pool.lock:
                 f = pool.get(self.paths[shard])
-                table = f.read_row_group(group, columns=self.columns, use_threads=False)
-            return table.combine_chunks()
+                return f.read_row_group(group, columns=self.columns, use_threads=False)
 
-        return self.cache().take((shard, group), lo, hi, decode)
+        return self.cache().take((shard, group), lo, hi, decode, end)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         starts = self.group_starts[shard]
@@ -636,9 +696,11 @@ class ParquetRead(_ShardRead):
             while row < hi:
                 k = min(step, hi - row)
                 # A few rows at a time from the cache, which hands each row out once: an open
-                # read holds no row group between items.
-                yield from self._take(shard, g, row - first, row - first + k)
-                row += k
+                # read holds no row group between items (more rows only when the cache had
+                # to drop this row group, see RowGroupCache).
+                rows = self._take(shard, g, row - first, row - first + k, hi - first)
+                yield from rows
+                row += len(rows)
 
     def __repr__(self) -> str:
         return f"fastshard.readers.ParquetRead({len(self.paths)} shards)"
@@ -682,6 +744,7 @@ def parquet_shards(
     max_open_files: int = MAX_OPEN_FILES,
     cache_bytes: int = CACHE_BYTES,
     share_counts: bool = False,
+    memory_map: bool = True,
 ) -> Shards:
     """Parquet files as ``(shard_sizes, read)``; needs ``pyarrow``.
 
@@ -695,13 +758,17 @@ def parquet_shards(
     and HF datasets yield.
 
     A row group (Parquet's smallest unit that can be read alone) is decoded once per process
-    into a cache shared by every open read, which slices ``batch_rows`` rows at a time from
-    it into Python objects as the stream takes them. The cache holds at most ``cache_bytes``
-    of decoded Arrow data (default 256 MiB, least recently used row groups dropped first):
-    when the row groups that the stream's lanes are reading at once exceed it, a row group
-    is decoded again for each lane that comes back to it. Small row groups (a few hundred
-    rows) keep both the cache and the decode of a read's first rows small. Files come from a
-    per-process pool of at most ``max_open_files``.
+    and turned into Python rows at once, into a cache shared by every open read, which takes
+    ``batch_rows`` rows at a time from it as the stream asks. The cache holds at most
+    ``cache_bytes`` of rows not yet taken (default 256 MiB, counted as their Arrow bytes plus
+    an estimate of their Python objects; least recently used row groups dropped first). When
+    the row groups that the stream's lanes are reading at once exceed it, a lane that comes
+    back to a dropped row group decodes it again for itself and keeps the rest of its rows
+    in it, at most ``cache_bytes / 64`` of them (see :class:`RowGroupCache`). Small row
+    groups (a few hundred rows) keep both the cache and the decode of a read's first rows
+    small. Files come from a per-process pool of at most ``max_open_files``, memory-mapped
+    by default (``memory_map=False`` reads them with buffered reads instead; mapped pages
+    are the page cache's, yet count in the process's RSS while mapped).
     """
     _pyarrow_parquet()
     ps = _paths(paths)
@@ -713,7 +780,9 @@ def parquet_shards(
         raise TypeError("columns must be a sequence of column names, not one string")
     counts, group_starts = _index.shared(lambda: _parquet_footers(ps, cols), ps, bool(share_counts))
     arr = np.asarray(counts, dtype=np.int64)
-    read = ParquetRead(ps, arr, group_starts, cols, batch_rows, max_open_files, cache_bytes)
+    read = ParquetRead(
+        ps, arr, group_starts, cols, batch_rows, max_open_files, cache_bytes, bool(memory_map)
+    )
     return Shards(arr, read)
 
 

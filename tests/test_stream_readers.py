@@ -542,6 +542,71 @@ def test_parquet_cache_decodes_each_row_group_once(tmp_path: Path) -> None:
     assert [x["row"] for x in small(0, 95, 205)] == list(range(95, 205))
 
 
+def test_parquet_cache_too_small_for_the_row_groups_read_at_once_does_not_cycle(
+    tmp_path: Path,
+) -> None:
+    """Three row groups read at once by four reads each, in a cache that holds two: the
+    reads that come back to a dropped row group decode it for their own rows, a bounded
+    number of times, instead of each take dropping the row group the next one needs (on a
+    least-recently-used cache alone: a decode for nearly every take)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"row": pa.array(range(3000), pa.int64())}), p, row_group_size=1000)
+    one_group = 1000 * (8 + readers.PY_ROW_BYTES + readers.PY_VALUE_BYTES)
+    cache_bytes = int(2.4 * one_group)
+    _, read = readers.parquet_shards([p], batch_rows=5, cache_bytes=cache_bytes)
+    its = [read(0, 250 * i, 250 * i + 250) for i in range(12)]
+    rows: list[list[int]] = [[] for _ in its]
+    cache = None
+    for _ in range(250):  # one row from each read in turn, as lanes are read
+        for i, it in enumerate(its):
+            rows[i].append(next(it)["row"])
+            cache = read.cache()
+            assert cache.bytes <= cache.max_bytes + 1e-6 or len(cache.groups) == 1
+    assert rows == [list(range(250 * i, 250 * i + 250)) for i in range(12)]
+    assert cache is not None
+    # The rows a read keeps for itself after a drop: the rest of its rows in the row group,
+    # up to cache_bytes / PRIVATE_SHARE of them.
+    kept = (
+        cache_bytes // readers.PRIVATE_SHARE // (8 + readers.PY_ROW_BYTES + readers.PY_VALUE_BYTES)
+    )
+    assert 3 < cache.decoded <= 3 + 4 * -(-250 // kept), cache.decoded
+    assert not cache.groups and cache.bytes == pytest.approx(0, abs=1e-6)
+
+
+def test_parquet_rows_read_twice_in_a_pass_come_back_whole(tmp_path: Path) -> None:
+    """The cache releases each row it hands out; a row asked for again while its row group
+    is still cached (a padded epoch repeats rows) is decoded again, not lost."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"row": pa.array(range(200), pa.int64())}), p, row_group_size=100)
+    _, read = readers.parquet_shards([p], batch_rows=4)
+    assert [x["row"] for x in read(0, 0, 10)] == list(range(10))
+    assert [x["row"] for x in read(0, 5, 120)] == list(range(5, 120))
+    assert [x["row"] for x in read(0, 0, 200)] == list(range(200))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_parquet_files_are_memory_mapped_unless_asked_not_to(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "mapped.parquet"
+    pq.write_table(pa.table({"row": pa.array(range(300), pa.int64())}), p, row_group_size=100)
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return any(line.rstrip().endswith(str(p)) for line in f)
+
+    for memory_map in (True, False):
+        _, read = readers.parquet_shards([p], memory_map=memory_map)
+        assert [x["row"] for x in read(0, 50, 250)] == list(range(50, 250))
+        assert mapped() == memory_map
+        read.files().close()
+        assert not mapped()
+
+
 # -- MDS ------------------------------------------------------------------------------------------
 def test_mds_shards_match_mosaic(tmp_path: Path) -> None:
     streaming = pytest.importorskip("streaming")
