@@ -828,25 +828,37 @@ class _StreamIterator(Iterator[Any]):
         self.rows_read = 0
         self.warnings: list[tuple[str, type[Warning]]] = []  # given at the first item
         self._started = False
-        self._batch: list[Any] = []  # the current batch's items not yet yielded, reversed
+        # The current batch's places (lane, window, row in window) not yet yielded, reversed:
+        # an item's lane window is read when the item is reached, not when its batch starts.
+        self._places: list[list[int]] = []
+        self._epoch_plan: Any = None  # the pass's compiled plan, set by the first batch
         self._lanes: dict[int, _Lane] = {}
 
     def __iter__(self) -> _StreamIterator:
         return self
 
     def __next__(self) -> Any:
-        batch = self._batch
-        if not batch:
+        places = self._places
+        if not places:
             if not self._started:
                 self._started = True
                 for message, category in self.warnings:
                     warnings.warn(message, category, stacklevel=2)
-            batch = self._batch = self._next_batch()
-            if not batch:
+            places = self._places = self._next_places()
+            if not places:
                 self._finish()
                 raise StopIteration
+        lane_id, window, u = places[-1]
+        lane = self._lanes.get(lane_id)
+        if lane is None:
+            lane = self._lanes[lane_id] = _Lane(*self._epoch_plan.lane(lane_id))
+        if lane.window != window:  # forward: a lane's windows are reached in order
+            self._load(self._epoch_plan, lane_id, lane, window)
+        order = lane.order
+        item = lane.items[u if order is None else order[u]]
+        places.pop()  # after the read: an item whose read raised is still to come
         self.yielded += 1
-        return batch.pop()
+        return item
 
     def _finish(self) -> None:
         if not self.done:
@@ -875,9 +887,9 @@ class _StreamIterator(Iterator[Any]):
         total = s._lengths(self.cursor)[1]
         return self.cursor + min(self._consumed(self.yielded) * s.num_replicas, total)
 
-    def _next_batch(self) -> list[Any]:
-        """The items of this reader's next batch (or of what is left of it after a resume),
-        reversed for pop(); empty at the end of the pass."""
+    def _next_places(self) -> list[list[int]]:
+        """The places (lane, window, row in window) of this reader's next batch (or of what is
+        left of it after a resume), reversed for pop(); empty at the end of the pass."""
         s = self.stream
         count = s._lengths(self.cursor)[0]
         b = s.batch_size
@@ -885,21 +897,13 @@ class _StreamIterator(Iterator[Any]):
         lo = (self.worker + j * self.workers) * b
         if lo >= count:
             return []
-        plan = s._plan(self.epoch, self.lanes)
-        lanes = self._lanes
+        plan = self._epoch_plan = s._plan(self.epoch, self.lanes)
         hi = min(lo + b, count)
-        places = plan.places(self.cursor + s.rank, s.num_replicas, lo + skip, hi).tolist()
-        out = []
-        for lane_id, window, u in places:  # forward: a lane's windows are read in order
-            lane = lanes.get(lane_id)
-            if lane is None:
-                lane = lanes[lane_id] = _Lane(*plan.lane(lane_id))
-            if lane.window != window:
-                self._load(plan, lane_id, lane, window)
-            order = lane.order
-            out.append(lane.items[u if order is None else order[u]])
-        out.reverse()
-        return out
+        places: list[list[int]] = plan.places(
+            self.cursor + s.rank, s.num_replicas, lo + skip, hi
+        ).tolist()
+        places.reverse()
+        return places
 
     def _load(self, plan: Any, lane_id: int, lane: _Lane, window: int) -> None:
         """Read window ``window`` of a lane: continue its open read when the window starts

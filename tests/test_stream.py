@@ -443,6 +443,39 @@ def test_one_reader_opens_each_lane_piece_once(lanes, window):
     assert it.reads == pieces and it.rows_read == N
 
 
+class Calls:
+    """read(shard, start, stop) yielding (shard, row), recording each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+
+    def __call__(self, shard: int, start: int, stop: int):
+        self.calls.append((shard, start, stop))
+        return ((shard, row) for row in range(start, stop))
+
+
+def test_an_item_waits_for_its_own_lane_only():
+    """A batch's items come from several lanes, each read when its first item is reached:
+    the first item of a batch of 8 lanes is yielded after the reads of one lane's window
+    (at most 2 pieces: a window of 4 crosses at most one boundary of shards of 40), every
+    later item after at most its own lane's, in the order of the global sequence."""
+    read = Calls()
+    stream = ShardedStream([40] * 6, read, batch_size=8, window=4, num_replicas=1, rank=0)
+    it = iter(stream)
+    items = []
+    for k in range(24):
+        before = len(read.calls)
+        items.append(next(it))
+        new = read.calls[before:]
+        assert len(new) <= 2
+        if k == 0:
+            assert 1 <= len(new)
+        shard, row = items[-1]
+        assert any(s == shard and a <= row < b for s, a, b in read.calls)
+    assert items == [tuple(x) for x in stream.sequence(0, 24).tolist()]
+    assert it.reads == len(read.calls) <= 2 * 24
+
+
 # -- batch diversity at the defaults -----------------------------------------------------------
 def _global_shuffle_shards(sizes: np.ndarray, g: int) -> float:
     """The expected number of distinct shards among g items of a global shuffle (drawn
