@@ -18,6 +18,7 @@ import json
 import os
 import urllib.parse
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -130,6 +131,9 @@ def write_tar_index(
 
 def _resolve(url: str, base: str) -> str:
     if ":" not in url:  # a plain path: no scheme to parse (urlparse costs 1 us a shard)
+        if "/" not in url and os.sep not in url and url not in ("", ".", ".."):
+            # a file name in `base` (normalised already): nothing to normalise
+            return base + url if base.endswith(os.sep) else base + os.sep + url
         return os.path.normpath(os.path.join(base, url))
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
@@ -190,8 +194,9 @@ def read_tar_index(index: str | os.PathLike[str]) -> TarIndex:
     except (TypeError, KeyError, ValueError, OverflowError):
         raise ValueError(f"{path}: the 'fastshard' offsets are malformed") from None
     # Each shard's number of offsets follows from its count; the text's length must agree.
-    bounds = np.zeros(len(paths) + 1, dtype=np.int64)
-    np.cumsum(-(-counts // every), out=bounds[1:])
+    # (In Python: NumPy's first floor_divide and cumsum in a process cost 0.1 ms.)
+    per_shard = (-(-n // every) for n in sizes)
+    bounds = np.fromiter(accumulate(per_shard, initial=0), dtype=np.int64, count=len(sizes) + 1)
     for s, text in enumerate(encoded):
         have = _decoded_length(text)
         if have != 8 * int(bounds[s + 1] - bounds[s]):
