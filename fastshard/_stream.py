@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
+import multiprocessing.context
+import multiprocessing.reduction
 import os
 import sys
 import time
@@ -107,6 +110,12 @@ class _EpochBoard:
     whatever their timing. A worker that joins an entry it already joined has started a new
     iteration that happens to have the same key (a DataLoader seeded identically twice).
 
+    The memory: on Linux a ``memfd`` mapped shared (tens of microseconds to make), which forked
+    workers inherit and spawned or forkserver workers receive as a descriptor when the
+    stream is pickled for them (``multiprocessing``'s ``DupFd``, as torch passes a shared
+    tensor); elsewhere a torch shared-memory tensor. Any other pickle or deepcopy receives a
+    copy of the words in a board of its own.
+
     Words: 0 the lock (the holder's pid, 0 when free), 1-3 the base (epoch, cursor, lanes), 4
     the iterations recorded since the base, 5 whether a worker started one, then a ring of
     ``ENTRIES`` entries of ``ENTRY`` words: key, epoch, cursor, lanes, whether it repeats its
@@ -119,21 +128,63 @@ class _EpochBoard:
     ENTRIES = 8
     HEADER = 6
     LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds
+    SIZE = HEADER + ENTRIES * ENTRY  # words
 
-    def __init__(self) -> None:
-        size = self.HEADER + self.ENTRIES * self.ENTRY
-        self.words = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+    def __init__(self, words: np.ndarray | None = None) -> None:
+        self._create(words)
+
+    def _create(self, words: np.ndarray | None) -> None:
+        self.fd: int | None = None  # the memfd, kept open to pass on to spawned workers
+        self._memory: Any = None  # what owns the words' memory (an mmap or a torch tensor)
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("fastshard-epoch-board")
+            try:
+                os.ftruncate(fd, self.SIZE * 8)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._map(fd)
+        else:
+            tensor = torch.zeros(self.SIZE, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+            self._memory, self.words = tensor, tensor.numpy()
+        if words is not None:
+            self.words[:] = words
+
+    def _map(self, fd: int) -> None:
+        self.fd = fd
+        self._memory = mmap.mmap(fd, self.SIZE * 8)  # MAP_SHARED: forked children share it
+        self.words = np.frombuffer(self._memory, dtype=np.int64)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"words": self.words}
+        if self.fd is None:
+            # torch's reductions share the tensor with a worker; a plain pickle copies it.
+            return {"tensor": self._memory}
+        if multiprocessing.context.get_spawning_popen() is not None:
+            # Pickled to start a process (a spawn or forkserver DataLoader worker): the
+            # descriptor goes with it, so the worker maps the same memory.
+            return {"fd": multiprocessing.reduction.DupFd(self.fd)}
+        return {"words": self.words.copy()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        words = state["words"]
-        # A DataLoader worker receives the shared tensor itself (torch's multiprocessing
-        # reductions); a plain pickle or deepcopy receives a copy, which becomes a new board.
-        if not words.is_shared():
-            words.share_memory_()
-        self.words = words
+        if "fd" in state:
+            self._map(state["fd"].detach())
+            return
+        if "tensor" in state:
+            tensor = state["tensor"]
+            if not tensor.is_shared():  # a plain pickle or deepcopy: a new board
+                tensor.share_memory_()
+            self.fd, self._memory, self.words = None, tensor, tensor.numpy()
+            return
+        self._create(state["words"])
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            self.fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     # -- the lock ---------------------------------------------------------------------------
     def _acquire(self, words: np.ndarray) -> None:
@@ -162,7 +213,7 @@ class _EpochBoard:
     # -- operations -------------------------------------------------------------------------
     def reset(self, epoch: int, cursor: int, lanes: int) -> None:
         """A new base: the next iteration reads ``epoch`` from ``cursor`` over ``lanes``."""
-        words = self.words.numpy()
+        words = self.words
         self._acquire(words)
         try:
             words[1:4] = (_distributed._signed(epoch), cursor, lanes)
@@ -187,7 +238,7 @@ class _EpochBoard:
         of ``workers`` (0 of 1 in the main process) is starting. ``resume``: the pass a
         ``load_state_dict`` on this copy set, which a new iteration reads. ``repeated``: a
         new iteration without ``auto_epoch`` reads the epoch its predecessor read."""
-        words = self.words.numpy()
+        words = self.words
         self._acquire(words)
         try:
             count = int(words[4])
@@ -228,7 +279,7 @@ class _EpochBoard:
     def restore(self, key: int, epoch: int, cursor: int) -> None:
         """An iterator of iteration ``key`` was restored to ``epoch`` from ``cursor`` (a
         loader's checkpoint): later iterations count from it."""
-        words = self.words.numpy()
+        words = self.words
         self._acquire(words)
         try:
             count = int(words[4])
@@ -828,25 +879,37 @@ class _StreamIterator(Iterator[Any]):
         self.rows_read = 0
         self.warnings: list[tuple[str, type[Warning]]] = []  # given at the first item
         self._started = False
-        self._batch: list[Any] = []  # the current batch's items not yet yielded, reversed
+        # The current batch's places (lane, window, row in window) not yet yielded, reversed:
+        # an item's lane window is read when the item is reached, not when its batch starts.
+        self._places: list[list[int]] = []
+        self._epoch_plan: Any = None  # the pass's compiled plan, set by the first batch
         self._lanes: dict[int, _Lane] = {}
 
     def __iter__(self) -> _StreamIterator:
         return self
 
     def __next__(self) -> Any:
-        batch = self._batch
-        if not batch:
+        places = self._places
+        if not places:
             if not self._started:
                 self._started = True
                 for message, category in self.warnings:
                     warnings.warn(message, category, stacklevel=2)
-            batch = self._batch = self._next_batch()
-            if not batch:
+            places = self._places = self._next_places()
+            if not places:
                 self._finish()
                 raise StopIteration
+        lane_id, window, u = places[-1]
+        lane = self._lanes.get(lane_id)
+        if lane is None:
+            lane = self._lanes[lane_id] = _Lane(*self._epoch_plan.lane(lane_id))
+        if lane.window != window:  # forward: a lane's windows are reached in order
+            self._load(self._epoch_plan, lane_id, lane, window)
+        order = lane.order
+        item = lane.items[u if order is None else order[u]]
+        places.pop()  # after the read: an item whose read raised is still to come
         self.yielded += 1
-        return batch.pop()
+        return item
 
     def _finish(self) -> None:
         if not self.done:
@@ -875,9 +938,9 @@ class _StreamIterator(Iterator[Any]):
         total = s._lengths(self.cursor)[1]
         return self.cursor + min(self._consumed(self.yielded) * s.num_replicas, total)
 
-    def _next_batch(self) -> list[Any]:
-        """The items of this reader's next batch (or of what is left of it after a resume),
-        reversed for pop(); empty at the end of the pass."""
+    def _next_places(self) -> list[list[int]]:
+        """The places (lane, window, row in window) of this reader's next batch (or of what is
+        left of it after a resume), reversed for pop(); empty at the end of the pass."""
         s = self.stream
         count = s._lengths(self.cursor)[0]
         b = s.batch_size
@@ -885,21 +948,13 @@ class _StreamIterator(Iterator[Any]):
         lo = (self.worker + j * self.workers) * b
         if lo >= count:
             return []
-        plan = s._plan(self.epoch, self.lanes)
-        lanes = self._lanes
+        plan = self._epoch_plan = s._plan(self.epoch, self.lanes)
         hi = min(lo + b, count)
-        places = plan.places(self.cursor + s.rank, s.num_replicas, lo + skip, hi).tolist()
-        out = []
-        for lane_id, window, u in places:  # forward: a lane's windows are read in order
-            lane = lanes.get(lane_id)
-            if lane is None:
-                lane = lanes[lane_id] = _Lane(*plan.lane(lane_id))
-            if lane.window != window:
-                self._load(plan, lane_id, lane, window)
-            order = lane.order
-            out.append(lane.items[u if order is None else order[u]])
-        out.reverse()
-        return out
+        places: list[list[int]] = plan.places(
+            self.cursor + s.rank, s.num_replicas, lo + skip, hi
+        ).tolist()
+        places.reverse()
+        return places
 
     def _load(self, plan: Any, lane_id: int, lane: _Lane, window: int) -> None:
         """Read window ``window`` of a lane: continue its open read when the window starts

@@ -321,7 +321,7 @@ class TarRead(_ShardRead):
         self,
         paths: list[str],
         sizes: np.ndarray,
-        index: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+        index: _index.TarOffsets | tuple[np.ndarray, np.ndarray, np.ndarray] | None,
         index_every: int,
         opener: Opener | None,
         max_open_files: int = MAX_OPEN_FILES,
@@ -329,9 +329,10 @@ class TarRead(_ShardRead):
     ) -> None:
         self.paths = paths
         self.sizes = sizes
-        # (bounds, offsets, ends): shard s's indexed byte offsets are
-        # offsets[bounds[s]:bounds[s+1]] (flat arrays, not one per shard: 10**6 shards cost
-        # 16 MB, not 100), and its last sample ends at byte ends[s].
+        # Shard s's indexed byte offsets and the end of its last sample (a tuple: the flat
+        # arrays (bounds, offsets, ends), see _index.TarOffsets).
+        if isinstance(index, tuple):
+            index = _index.TarOffsets(*index)
         self.index = index
         self.index_every = index_every
         self.opener = opener
@@ -366,9 +367,8 @@ class TarRead(_ShardRead):
     def _offsets(self, shard: int) -> tuple[np.ndarray, int, int]:
         """(offsets of every index_every-th sample, end of the last sample, samples held)."""
         if self.index is not None:
-            bounds, offsets, ends = self.index
-            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
-            return offsets[lo:hi], int(ends[shard]), int(self.sizes[shard])
+            offsets, end = self.index.shard(shard)
+            return offsets, end, int(self.sizes[shard])
         found = self._scanned.get(shard)
         if found is None:
             path = self.paths[shard]
@@ -468,7 +468,7 @@ def tar_shards(
         raise ValueError(f"index_every must be an int >= 1, got {index_every!r}")
     max_open_files = _check_pool_args(max_open_files)
     filesizes = None
-    offsets: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    offsets: _index.TarOffsets | tuple[np.ndarray, np.ndarray, np.ndarray] | None
     if index is not None:
         if paths is not None or sizes is not None:
             raise ValueError("pass either index= or paths (and sizes=), not both")
@@ -476,12 +476,9 @@ def tar_shards(
         ps = found.paths
         arr = found.sizes
         filesizes = found.filesizes
-        if found.offsets is not None:
-            assert found.bounds is not None and found.ends is not None
-            offsets = (found.bounds, found.offsets, found.ends)
+        offsets = found.offsets
+        if offsets is not None:
             index_every = found.every
-        else:
-            offsets = None
     elif paths is None:
         raise TypeError("tar_shards needs the shard paths or index=")
     else:

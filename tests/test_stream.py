@@ -443,6 +443,39 @@ def test_one_reader_opens_each_lane_piece_once(lanes, window):
     assert it.reads == pieces and it.rows_read == N
 
 
+class Calls:
+    """read(shard, start, stop) yielding (shard, row), recording each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+
+    def __call__(self, shard: int, start: int, stop: int):
+        self.calls.append((shard, start, stop))
+        return ((shard, row) for row in range(start, stop))
+
+
+def test_an_item_waits_for_its_own_lane_only():
+    """A batch's items come from several lanes, each read when its first item is reached:
+    the first item of a batch of 8 lanes is yielded after the reads of one lane's window
+    (at most 2 pieces: a window of 4 crosses at most one boundary of shards of 40), every
+    later item after at most its own lane's, in the order of the global sequence."""
+    read = Calls()
+    stream = ShardedStream([40] * 6, read, batch_size=8, window=4, num_replicas=1, rank=0)
+    it = iter(stream)
+    items = []
+    for k in range(24):
+        before = len(read.calls)
+        items.append(next(it))
+        new = read.calls[before:]
+        assert len(new) <= 2
+        if k == 0:
+            assert 1 <= len(new)
+        shard, row = items[-1]
+        assert any(s == shard and a <= row < b for s, a, b in read.calls)
+    assert items == [tuple(x) for x in stream.sequence(0, 24).tolist()]
+    assert it.reads == len(read.calls) <= 2 * 24
+
+
 # -- batch diversity at the defaults -----------------------------------------------------------
 def _global_shuffle_shards(sizes: np.ndarray, g: int) -> float:
     """The expected number of distinct shards among g items of a global shuffle (drawn
@@ -636,14 +669,86 @@ def test_main_process_state_of_a_stream_read_by_workers_refuses():
 
 def test_copies_get_a_shared_board_of_their_own():
     """pickle and deepcopy give a stream whose epoch board is shared memory (its workers see
-    it), separate from the original's."""
+    it: auto_epoch advances), separate from the original's (which still starts at epoch 0)."""
     stream = make(1, 0, auto_epoch=True)
+    firsts = []
     for clone in (pickle.loads(pickle.dumps(stream)), copy.deepcopy(stream)):
-        assert clone._board.words.is_shared()
-        assert clone._board.words.data_ptr() != stream._board.words.data_ptr()
         loader = DataLoader(clone, batch_size=B, num_workers=2, collate_fn=collate)
         first, second = ([x[:2] for b in loader for x in b] for _ in range(2))
         assert first != second and sorted(first) == sorted(second)
+        firsts.append(first)
+    loader = DataLoader(stream, batch_size=B, num_workers=2, collate_fn=collate)
+    assert [x[:2] for b in loader for x in b] == firsts[0] == firsts[1]
+
+
+START_METHOD_CHILD = r"""
+import json, sys, time
+from torch.utils.data import DataLoader
+import fastshard
+
+class Rows:
+    def __call__(self, shard, start, stop):
+        return [(shard, row) for row in range(start, stop)]
+
+def late_worker_one(worker_id):
+    if worker_id == 1:
+        time.sleep(0.5)  # worker 0 reads its share first
+
+def collate(items):
+    return items
+
+def make(**kw):
+    return fastshard.ShardedStream(
+        [7, 0, 5, 3], Rows(), batch_size=4, lanes=4, window=2, num_replicas=1, rank=0,
+        seed=4, **kw
+    )
+
+if __name__ == "__main__":
+    method, persistent = sys.argv[1], sys.argv[2] == "1"
+    loader = DataLoader(
+        make(auto_epoch=True), batch_size=4, num_workers=2, collate_fn=collate,
+        persistent_workers=persistent, multiprocessing_context=method,
+        worker_init_fn=late_worker_one,
+    )
+    got = [[list(x) for b in loader for x in b] for _ in range(3)]
+    want = []
+    for epoch in range(3):
+        reference = make()
+        reference.set_epoch(epoch)
+        want.append([list(x) for x in reference])
+    print(json.dumps({"got": got, "want": want}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("method", "persistent"),
+    [
+        ("spawn", False),
+        pytest.param("spawn", True, marks=pytest.mark.extended),
+        pytest.param("forkserver", False, marks=pytest.mark.extended),
+        pytest.param("forkserver", True, marks=pytest.mark.extended),
+    ],
+)
+def test_auto_epoch_workers_agree_under_spawn_and_forkserver(tmp_path, method, persistent):
+    """Workers that receive the stream by pickle (spawn, forkserver) share its epoch board:
+    every worker of an iteration reads the iteration's epoch (worker 1 starts late), and
+    each iteration the next epoch."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(START_METHOD_CHILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), method, str(int(persistent))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["got"] == out["want"]
+    assert len({json.dumps(order) for order in out["want"]}) == 3
 
 
 def test_chunk_count_is_checked_up_front():

@@ -248,6 +248,32 @@ def test_index_command_and_tar_shards_from_the_index(tmp_path: Path) -> None:
         readers.tar_shards(paths, index=out)
 
 
+def test_index_offsets_are_decoded_when_a_shard_is_first_read(tmp_path: Path) -> None:
+    """tar_shards(index=...) checks each shard's offsets by length and decodes them at the
+    shard's first read: a damaged entry of the right length fails that shard's read, naming
+    the index, and no other shard's."""
+    sizes = [40, 17, 100]
+    paths = write_shards(tmp_path, sizes)
+    out = tmp_path / "index.json"
+    readers.write_tar_index(paths, out, index_every=8)
+    doc = json.loads(out.read_text())
+    text = doc["fastshard"]["shards"][1]["offsets"]
+    doc["fastshard"]["shards"][1]["offsets"] = "!" * 4 + text[4:]  # same length, not base64
+    out.write_text(json.dumps(doc))
+    sizes_read, read = readers.tar_shards(index=out)
+    assert sizes_read.tolist() == sizes
+    scanned = readers.tar_shards(paths)
+    assert list(read(0, 3, 30)) == list(scanned.read(0, 3, 30))
+    assert list(read(2, 50, 99)) == list(scanned.read(2, 50, 99))
+    with pytest.raises(ValueError, match=r"index\.json: shard 1's offsets.*write the index again"):
+        list(read(1, 0, 5))
+    # A wrong length is refused up front.
+    doc["fastshard"]["shards"][1]["offsets"] = text[:-4]
+    out.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="shard 1 has 17 samples but 2 offsets"):
+        readers.tar_shards(index=out)
+
+
 # -- counting once per job ----------------------------------------------------------------------
 SHARE_WORKER = textwrap.dedent(
     """
