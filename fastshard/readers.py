@@ -26,6 +26,7 @@ import copy
 import importlib
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, ClassVar, NamedTuple, Union
@@ -33,10 +34,12 @@ from typing import IO, Any, ClassVar, NamedTuple, Union
 import numpy as np
 
 from . import _core, _index
+from ._stream import ReadAmplificationWarning
 
 __all__ = [
     "MdsRead",
     "ParquetRead",
+    "RowGroupCacheWarning",
     "Shards",
     "TarRead",
     "mds_shards",
@@ -530,6 +533,18 @@ def _pyarrow_parquet() -> Any:
         ) from err
 
 
+class RowGroupCacheWarning(ReadAmplificationWarning):
+    """The Parquet row groups that a stream's lanes read at once do not fit in the reader's
+    ``cache_bytes``: lanes that come back to a row group the cache dropped decode it again
+    for their own rows, so this process decodes its files several times over (correct, and
+    bounded in memory, but slower). Given once per reader and process, when the row groups decoded
+    again reach the number of distinct row groups decoded (at least 8): the files were then
+    decoded twice over. Smaller row groups or a larger ``cache_bytes`` (about the lanes that
+    one process reads times a row group's bytes) avoid it. A subclass of
+    :class:`fastshard.ReadAmplificationWarning`: a filter on that one covers both.
+    """
+
+
 class RowGroupCache:
     """Decoded row groups of one process, as Python rows, least recently used dropped first
     once they exceed ``max_bytes`` (the one just decoded always stays).
@@ -562,6 +577,9 @@ class RowGroupCache:
         # rows of a dropped row group taken before the drop or by reads for themselves
         self.elsewhere: dict[tuple[int, int], int] = {}
         self.decoded = 0  # row groups decoded so far (a measure of the cache's churn)
+        self.seen: set[tuple[int, int]] = set()  # row groups decoded at least once
+        self.again = 0  # decodes of a dropped row group for one read's own rows
+        self.warned = False
 
     def _drop(self, key: tuple[int, int]) -> None:
         if self.left[key] > 0:
@@ -569,6 +587,21 @@ class RowGroupCache:
             self.elsewhere[key] = len(self.groups[key]) - self.left[key]  # taken so far
         self.bytes -= self.charge.pop(key)
         del self.groups[key], self.left[key], self.row_bytes[key]
+
+    def _warn(self, group_bytes: float) -> None:
+        warnings.warn(
+            f"fastshard.readers.parquet_shards: the row groups that the stream's lanes read at "
+            f"once do not fit in cache_bytes={self.max_bytes} (this one: {group_bytes / 2**20:.1f} "
+            f"MiB of rows; {len(self.groups)} held): {self.again} times so far a row group the "
+            f"cache had dropped was decoded again for one read's rows ({len(self.seen)} "
+            f"distinct row groups decoded): this process has decoded its row groups "
+            f"{self.decoded / len(self.seen):.1f} times over so far. Write smaller row groups "
+            "(pyarrow.parquet.write_table(..., row_group_size=...): a few hundred to a few "
+            "thousand rows) or pass a larger cache_bytes (about the lanes one process reads "
+            "times a row group's bytes).",
+            RowGroupCacheWarning,
+            stacklevel=2,
+        )
 
     def take(
         self,
@@ -593,10 +626,15 @@ class RowGroupCache:
             per_row += PY_VALUE_BYTES * table.num_columns
             rows = table.to_pylist()
             del table
+            self.seen.add(key)
             if key in self.dropped and self.groups and self.bytes + n * per_row > self.max_bytes:
                 more = max(hi, lo + int(self.max_bytes / PRIVATE_SHARE / per_row))
                 own: list[dict[str, Any]] = rows[lo : min(max(hi, end or hi), more)]
                 self.elsewhere[key] = self.elsewhere.get(key, 0) + len(own)
+                self.again += 1
+                if not self.warned and self.again >= max(8, len(self.seen)):
+                    self.warned = True
+                    self._warn(n * per_row)
                 return own
             self.dropped.discard(key)
             self.groups[key] = rows

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -585,11 +586,12 @@ def test_parquet_cache_too_small_for_the_row_groups_read_at_once_does_not_cycle(
     its = [read(0, 250 * i, 250 * i + 250) for i in range(12)]
     rows: list[list[int]] = [[] for _ in its]
     cache = None
-    for _ in range(250):  # one row from each read in turn, as lanes are read
-        for i, it in enumerate(its):
-            rows[i].append(next(it)["row"])
-            cache = read.cache()
-            assert cache.bytes <= cache.max_bytes + 1e-6 or len(cache.groups) == 1
+    with pytest.warns(readers.RowGroupCacheWarning, match=r"cache_bytes=\d+ .* decoded again"):
+        for _ in range(250):  # one row from each read in turn, as lanes are read
+            for i, it in enumerate(its):
+                rows[i].append(next(it)["row"])
+                cache = read.cache()
+                assert cache.bytes <= cache.max_bytes + 1e-6 or len(cache.groups) == 1
     assert rows == [list(range(250 * i, 250 * i + 250)) for i in range(12)]
     assert cache is not None
     # The rows a read keeps for itself after a drop: the rest of its rows in the row group,
@@ -599,6 +601,35 @@ def test_parquet_cache_too_small_for_the_row_groups_read_at_once_does_not_cycle(
     )
     assert 3 < cache.decoded <= 3 + 4 * -(-250 // kept), cache.decoded
     assert not cache.groups and cache.bytes == pytest.approx(0, abs=1e-6)
+
+
+def test_a_stream_whose_row_groups_overflow_the_cache_says_so_once(tmp_path: Path) -> None:
+    """Row groups much larger than a lane's stretch, in a cache that holds about one: every
+    row still comes once, and a RowGroupCacheWarning (once) says that the files are decoded
+    several times over; with a cache that holds them, the same stream says nothing."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "big-groups.parquet"
+    pq.write_table(pa.table({"row": pa.array(range(8000), pa.int64())}), p, row_group_size=2000)
+    one_group = 2000 * (8 + readers.PY_ROW_BYTES + readers.PY_VALUE_BYTES)
+    for cache_bytes, warns in ((int(1.2 * one_group), True), (readers.CACHE_BYTES, False)):
+        sizes, read = readers.parquet_shards([p], cache_bytes=cache_bytes)
+        # 64 lanes of 125 rows: 16 lanes read each row group at once.
+        stream = fastshard.ShardedStream(
+            sizes, read, batch_size=8, num_replicas=1, rank=0, pad=False
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = [x["row"] for x in stream]
+        assert sorted(rows) == list(range(8000))
+        said = [w for w in caught if issubclass(w.category, readers.RowGroupCacheWarning)]
+        assert len(said) == (1 if warns else 0), [str(w.message) for w in caught]
+        cache = read.cache()
+        if warns:
+            assert cache.decoded >= 2 * len(cache.seen) == 8, cache.decoded
+            assert "times over so far" in str(said[0].message)
+        else:
+            assert cache.decoded == len(cache.seen) == 4
 
 
 def test_parquet_rows_read_twice_in_a_pass_come_back_whole(tmp_path: Path) -> None:
