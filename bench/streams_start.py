@@ -21,7 +21,9 @@ Every case runs in a fresh interpreter, imports done before the clock starts:
   before the clock starts (rank 0 scans and broadcasts, as under torchrun), and with an index.
 - parquet: ``parquet_shards`` + ``ShardedStream(batch_size=32)`` at default settings, one
   rank, no workers, beside ``ParquetFile.iter_batches()`` + ``to_pylist()`` over the files in
-  order: rows/s, and CPU seconds (steadier than wall time on a shared machine); also the
+  order (pyarrow's defaults, which decode with its thread pool, and ``use_threads=False``,
+  which on this 2-core machine is steadier and often faster): rows/s, and CPU seconds
+  (steadier than wall time on a shared machine); also the
   reads alone (each file's rows in order, no stream) and the stream alone (a read that yields
   ints), which split fastshard's time into its parts.
 - bounds: ``batch_size=128`` (1,024 lanes), no workers: the most descriptors open and the peak
@@ -191,6 +193,10 @@ if kind == "pyarrow":
     for p in paths:
         for batch in pq.ParquetFile(p).iter_batches():
             n += len(batch.to_pylist())
+elif kind == "pyarrow, one thread":  # pyarrow's defaults decode with its thread pool
+    for p in paths:
+        for batch in pq.ParquetFile(p).iter_batches(use_threads=False):
+            n += len(batch.to_pylist())
 elif kind == "fastshard reads alone":  # read(shard, 0, rows) of each file in turn, no stream
     sizes, read = readers.parquet_shards(paths)
     for shard, rows in enumerate(sizes.tolist()):
@@ -325,22 +331,28 @@ def bench_parquet(parquets: list[str], repeat: int) -> None:
     print(
         "\n### Parquet, row groups of 256 rows of 4 KiB: one rank, no workers, default settings\n"
     )
-    print("| reader | rows/s | ratio to pyarrow | CPU s | CPU ratio to pyarrow | rows |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| reader | rows/s | ratio to pyarrow | ratio to pyarrow, one thread | CPU s | "
+        "CPU ratio to pyarrow | rows |"
+    )
+    print("|---|---|---|---|---|---|---|")
     runs: dict[str, list[dict[str, float]]] = {}
+    kinds = ("fastshard", "pyarrow", "pyarrow, one thread", "fastshard reads alone", "stream alone")
     for _ in range(repeat):
-        for kind in ("fastshard", "pyarrow", "fastshard reads alone", "stream alone"):
+        for kind in kinds:
             runs.setdefault(kind, []).append(child_json(PARQUET, kind, json.dumps(parquets)))
     base = [r["items"] / r["total"] for r in runs["pyarrow"]]
+    base1 = [r["items"] / r["total"] for r in runs["pyarrow, one thread"]]
     base_cpu = [r["cpu"] for r in runs["pyarrow"]]
     for kind, rs in runs.items():
         rates = [r["items"] / r["total"] for r in rs]
         ratios = [a / b for a, b in zip(rates, base)]
+        ratios1 = [a / b for a, b in zip(rates, base1)]
         cpu = [r["cpu"] for r in rs]
         cpu_ratios = [b / a for a, b in zip(cpu, base_cpu)]  # > 1: less CPU than pyarrow
         print(
-            f"| {kind} | {spread(rates)} | {spread(ratios)} | {spread(cpu)} | "
-            f"{spread(cpu_ratios)} | {rs[0]['items']} |"
+            f"| {kind} | {spread(rates)} | {spread(ratios)} | {spread(ratios1)} | {spread(cpu)} "
+            f"| {spread(cpu_ratios)} | {rs[0]['items']} |"
         )
 
 
