@@ -3,10 +3,12 @@ and a plain pyarrow read (issue 37's targets; bench/RESULTS.md, "Sharded streams
 readers").
 
     python bench/streams_start.py [--dir DIR] [--repeat 3] [--only tar|ranks|parquet|bounds]
+                                  [--parquet-files 20]
 
 Data (written once under --dir, default a temporary directory): 64 tar shards of 500-1,500
 samples (61,518 in all), each sample a KEY.bin of 1,000 random bytes and a KEY.cls; and 20
-Parquet files of 1,024 rows of 4 KiB in row groups of 256 rows (80 MiB).
+Parquet files of 1,024 rows of 4 KiB in row groups of 256 rows (80 MiB; --parquet-files N
+for N of them: 160 give a dataset larger than the 256 lanes' row groups).
 
 Every case runs in a fresh interpreter, imports done before the clock starts:
 
@@ -62,7 +64,7 @@ def tar_sizes() -> list[int]:
     return sizes.tolist()
 
 
-def write_data(d: str) -> tuple[list[str], str, list[str]]:
+def write_data(d: str, parquet_files: int = 20) -> tuple[list[str], str, list[str]]:
     os.makedirs(d, exist_ok=True)
     rng = np.random.default_rng(1)
     tars = []
@@ -90,7 +92,7 @@ def write_data(d: str) -> tuple[list[str], str, list[str]]:
     import pyarrow.parquet as pq
 
     parquets = []
-    for s in range(20):
+    for s in range(parquet_files):
         path = os.path.join(d, f"part-{s:02d}.parquet")
         parquets.append(path)
         if os.path.exists(path):
@@ -329,7 +331,8 @@ def bench_ranks(tars: list[str], index: str, repeat: int) -> None:
 
 def bench_parquet(parquets: list[str], repeat: int) -> None:
     print(
-        "\n### Parquet, row groups of 256 rows of 4 KiB: one rank, no workers, default settings\n"
+        f"\n### Parquet, {len(parquets)} files of 4 row groups of 256 rows of 4 KiB "
+        f"({4 * len(parquets)} MiB): one rank, no workers, default settings\n"
     )
     print(
         "| reader | rows/s | ratio to pyarrow | ratio to pyarrow, one thread | CPU s | "
@@ -370,9 +373,15 @@ def main() -> None:
     parser.add_argument("--dir", default=None)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["tar", "ranks", "parquet", "bounds"], default=None)
+    parser.add_argument(
+        "--parquet-files",
+        type=int,
+        default=20,
+        help="Parquet files of 4 MiB (default 20, the issue's 80 MiB); more show the steady state",
+    )
     args = parser.parse_args()
     d = args.dir or tempfile.mkdtemp(prefix="streams_start_")
-    tars, index, parquets = write_data(d)
+    tars, index, parquets = write_data(d, args.parquet_files)
     print(f"data: {d}; load average before: {open('/proc/loadavg').read().strip()}")
     if args.only in (None, "tar"):
         bench_tar(tars, index, args.repeat)

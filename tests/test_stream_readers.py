@@ -632,6 +632,62 @@ def test_a_stream_whose_row_groups_overflow_the_cache_says_so_once(tmp_path: Pat
             assert cache.decoded == len(cache.seen) == 4
 
 
+def test_parquet_files_opened_again_reuse_their_parsed_footer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More files in play than the pool holds: a file the pool closed is opened again with the
+    footer parsed before (parquet_shards' own, then the first open's), and the footers kept
+    stay within their byte bound."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"f{i}.parquet"
+        pq.write_table(pa.table({"row": pa.array(range(100 * i, 100 * i + 100))}), p)
+        paths.append(str(p))
+    given: list[tuple[str, bool]] = []
+
+    class Recording:
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+        def ParquetFile(self, path: str, **kwargs: Any) -> Any:
+            given.append((path, kwargs.get("metadata") is not None))
+            return self.real.ParquetFile(path, **kwargs)
+
+    real = readers._pyarrow_parquet()
+    monkeypatch.setattr(readers, "_pyarrow_parquet", lambda: Recording(real))
+    _, read = readers.parquet_shards(paths, max_open_files=1)
+    for _ in range(2):
+        for i in range(3):
+            assert [x["row"] for x in read(i, 10, 12)] == [100 * i + 10, 100 * i + 11]
+    assert read.files().opened == 6
+    assert given == [(p, True) for p in paths] * 2
+
+    # In a process whose footers were not read by parquet_shards (a spawned worker), the
+    # first open parses the footer and keeps it.
+    other = pickle.loads(pickle.dumps(read))
+    given.clear()
+    for _ in range(2):
+        for i in range(3):
+            assert [x["row"] for x in other(i, 0, 1)] == [100 * i]
+    assert given == [(p, False) for p in paths] + [(p, True) for p in paths]
+
+    # The bound: footers beyond it are dropped, least recently used first, and parsed again.
+    one = pq.read_metadata(paths[0]).serialized_size
+    monkeypatch.setattr(readers, "FOOTER_BYTES", int(2.5 * one))
+    small = pickle.loads(pickle.dumps(read))
+    given.clear()
+    for _ in range(2):
+        for i in range(3):
+            list(small(i, 0, 1))
+    assert len(small.footers().metas) == 2 and small.footers().bytes <= 2.5 * one
+    assert given == [(p, False) for p in paths] * 2
+
+
 def test_parquet_rows_read_twice_in_a_pass_come_back_whole(tmp_path: Path) -> None:
     """The cache releases each row it hands out; a row asked for again while its row group
     is still cached (a padded epoch repeats rows) is decoded again, not lost."""
