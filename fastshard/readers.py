@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import mmap
 import os
 import threading
 import warnings
@@ -713,7 +714,10 @@ class ParquetRead(_ShardRead):
         # are closed and opened again: the footer parsed before is used again.
         footers = self.footers()
         meta = footers.get(path)
-        f = _pyarrow_parquet().ParquetFile(path, memory_map=self.memory_map, metadata=meta)
+        if self.memory_map:
+            f: Any = _MappedParquet(path, meta)
+        else:
+            f = _pyarrow_parquet().ParquetFile(path, memory_map=False, metadata=meta)
         if meta is None:
             footers.put(path, f.metadata)
         return f
@@ -784,6 +788,59 @@ class _Footers:
             self.bytes -= int(dropped.serialized_size)
 
 
+class _MappedParquet:
+    """A Parquet file mapped into memory (``mmap``, read-only) and read by pyarrow from the
+    mapping, zero-copy as with pyarrow's own ``memory_map``, which asks the kernel to read the
+    whole file ahead at each open (``madvise(WILLNEED)``, page-cache readahead even for cached
+    files): a file the pool closed and opens again costs less this way. After each row group
+    is decoded its pages are let go from this process (``MADV_DONTNEED``; they stay in the
+    page cache), so a mapped file does not keep adding to the RSS."""
+
+    __slots__ = ("file", "mapping", "metadata")
+
+    def __init__(self, path: str, metadata: Any) -> None:
+        import pyarrow as pa
+
+        with open(path, "rb") as fh:
+            self.mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.file = _pyarrow_parquet().ParquetFile(
+            pa.BufferReader(pa.py_buffer(self.mapping)), metadata=metadata
+        )
+        self.metadata = self.file.metadata
+
+    def read_row_group(self, group: int, **kwargs: Any) -> Any:
+        table = self.file.read_row_group(group, **kwargs)
+        if _DONTNEED is not None:
+            rg = self.metadata.row_group(group)
+            lo, hi = len(self.mapping), 0
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                first = col.data_page_offset
+                if col.has_dictionary_page and col.dictionary_page_offset is not None:
+                    first = min(first, col.dictionary_page_offset)
+                lo, hi = min(lo, first), max(hi, first + col.total_compressed_size)
+            # Out to the kernel's fault-around windows (64 KiB): a fault maps the cached
+            # pages around it too, beyond the row group (the footer's, after the last one).
+            lo -= lo % _AROUND
+            hi = min(hi + -hi % _AROUND, len(self.mapping))
+            if lo < hi:
+                # Decoded buffers are copies, but a zero-copy column could still point into
+                # the mapping: dropping the pages is safe either way (they fault back in).
+                self.mapping.madvise(_DONTNEED, lo, hi - lo)
+        return table
+
+    def close(self) -> None:
+        self.file.close()
+        try:
+            self.mapping.close()
+        except BufferError:  # a decoded column still points into it: unmapped once freed
+            pass
+
+
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if hasattr(mmap.mmap, "madvise") else None
+_AROUND = max(mmap.PAGESIZE, 1 << 16)
+
+
 def _close_parquet(f: Any) -> None:
     close = getattr(f, "close", None)
     if close is not None:
@@ -846,9 +903,11 @@ def parquet_shards(
     back to a dropped row group decodes it again for itself and keeps the rest of its rows
     in it, at most ``cache_bytes / 64`` of them (see :class:`RowGroupCache`). Small row
     groups (a few hundred rows) keep both the cache and the decode of a read's first rows
-    small. Files come from a per-process pool of at most ``max_open_files``, memory-mapped
-    by default (``memory_map=False`` reads them with buffered reads instead; mapped pages
-    are the page cache's, yet count in the process's RSS while mapped).
+    small. Files come from a per-process pool of at most ``max_open_files``, memory-mapped by
+    default and read by pyarrow from the mapping (``mmap``); the pages of each row group are
+    let go from the process once it is decoded (they stay in the page cache), so the mapped
+    files do not add up in the RSS. ``memory_map=False`` reads them with pyarrow's buffered
+    reads instead.
     """
     _pyarrow_parquet()
     ps = _paths(paths)

@@ -645,7 +645,7 @@ def test_parquet_files_opened_again_reuse_their_parsed_footer(
         p = tmp_path / f"f{i}.parquet"
         pq.write_table(pa.table({"row": pa.array(range(100 * i, 100 * i + 100))}), p)
         paths.append(str(p))
-    given: list[tuple[str, bool]] = []
+    given: list[bool] = []  # whether each open was given a parsed footer
 
     class Recording:
         def __init__(self, real: Any) -> None:
@@ -654,9 +654,9 @@ def test_parquet_files_opened_again_reuse_their_parsed_footer(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.real, name)
 
-        def ParquetFile(self, path: str, **kwargs: Any) -> Any:
-            given.append((path, kwargs.get("metadata") is not None))
-            return self.real.ParquetFile(path, **kwargs)
+        def ParquetFile(self, source: Any, **kwargs: Any) -> Any:
+            given.append(kwargs.get("metadata") is not None)
+            return self.real.ParquetFile(source, **kwargs)
 
     real = readers._pyarrow_parquet()
     monkeypatch.setattr(readers, "_pyarrow_parquet", lambda: Recording(real))
@@ -665,7 +665,7 @@ def test_parquet_files_opened_again_reuse_their_parsed_footer(
         for i in range(3):
             assert [x["row"] for x in read(i, 10, 12)] == [100 * i + 10, 100 * i + 11]
     assert read.files().opened == 6
-    assert given == [(p, True) for p in paths] * 2
+    assert given == [True] * 6
 
     # In a process whose footers were not read by parquet_shards (a spawned worker), the
     # first open parses the footer and keeps it.
@@ -674,7 +674,7 @@ def test_parquet_files_opened_again_reuse_their_parsed_footer(
     for _ in range(2):
         for i in range(3):
             assert [x["row"] for x in other(i, 0, 1)] == [100 * i]
-    assert given == [(p, False) for p in paths] + [(p, True) for p in paths]
+    assert given == [False] * 3 + [True] * 3
 
     # The bound: footers beyond it are dropped, least recently used first, and parsed again.
     one = pq.read_metadata(paths[0]).serialized_size
@@ -685,7 +685,44 @@ def test_parquet_files_opened_again_reuse_their_parsed_footer(
         for i in range(3):
             list(small(i, 0, 1))
     assert len(small.footers().metas) == 2 and small.footers().bytes <= 2.5 * one
-    assert given == [(p, False) for p in paths] * 2
+    assert given == [False] * 6
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+def test_mapped_parquet_files_let_their_pages_go(tmp_path: Path) -> None:
+    """Once a row group of a memory-mapped Parquet file is decoded, its pages leave the
+    process's RSS (they stay in the page cache): the mapped files of the pool do not add up
+    to the size of the files read."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(5)
+    paths = []
+    for i in range(12):
+        p = tmp_path / f"m{i}.parquet"
+        blobs = [rng.bytes(4096) for _ in range(512)]  # 2 MiB a file, incompressible
+        pq.write_table(pa.table({"blob": blobs}), p, row_group_size=128, compression="none")
+        paths.append(str(p))
+
+    def mapped_rss_kib() -> int:
+        total, ours = 0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                    ours = head[-1] in paths
+                elif ours and head[0] == "Rss:":
+                    total += int(head[1])
+        return total
+
+    sizes, read = readers.parquet_shards(paths)
+    rows = sum(1 for shard in range(12) for _ in read(shard, 0, int(sizes[shard])))
+    assert rows == 12 * 512
+    assert len(read.files().files) == 12  # all 12 files still mapped
+    # 24 MiB of files were read through the mappings; a few pages at most are left in the RSS
+    # (pyarrow checks each file's last bytes, and the kernel maps the pages around a fault).
+    assert mapped_rss_kib() <= 64, mapped_rss_kib()
+    read.files().close()
+    assert mapped_rss_kib() == 0
 
 
 def test_parquet_rows_read_twice_in_a_pass_come_back_whole(tmp_path: Path) -> None:
