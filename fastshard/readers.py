@@ -790,11 +790,12 @@ class _Footers:
 
 class _MappedParquet:
     """A Parquet file mapped into memory (``mmap``, read-only) and read by pyarrow from the
-    mapping, zero-copy as with pyarrow's own ``memory_map``, which asks the kernel to read the
-    whole file ahead at each open (``madvise(WILLNEED)``, page-cache readahead even for cached
-    files): a file the pool closed and opens again costs less this way. After each row group
-    is decoded its pages are let go from this process (``MADV_DONTNEED``; they stay in the
-    page cache), so a mapped file does not keep adding to the RSS."""
+    mapping, zero-copy as with pyarrow's own ``memory_map``, which before each read asks the
+    kernel to read the row group's bytes ahead (``madvise(WILLNEED)``, from its I/O thread as
+    well; page-cache readahead even for cached files) and maps the file at each open: a
+    file read once a row group and opened again by the pool costs less this way. After each
+    row group is decoded its pages are let go from this process (``MADV_DONTNEED``; they stay
+    in the page cache), so a mapped file does not keep adding to the RSS."""
 
     __slots__ = ("file", "mapping", "metadata")
 
