@@ -541,9 +541,9 @@ class RowGroupCacheWarning(ReadAmplificationWarning):
     """The Parquet row groups that a stream's lanes read at once do not fit in the reader's
     ``cache_bytes``: lanes that come back to a row group the cache dropped decode it again
     for their own rows, so this process decodes its files several times over (correct, and
-    bounded in memory, but slower). Given once per reader and process, when the row groups decoded
-    again reach the number of distinct row groups decoded (at least 8): the files were then
-    decoded twice over. Smaller row groups or a larger ``cache_bytes`` (about the lanes that
+    bounded in memory, but slower). Given once per reader and process, when the row groups
+    decoded again reach the number of distinct row groups decoded (at least 8): the files were
+    then decoded twice over. Smaller row groups or a larger ``cache_bytes`` (about the lanes that
     one process reads times a row group's bytes) avoid it. A subclass of
     :class:`fastshard.ReadAmplificationWarning`: a filter on that one covers both.
     """
@@ -812,22 +812,12 @@ class _MappedParquet:
     def read_row_group(self, group: int, **kwargs: Any) -> Any:
         table = self.file.read_row_group(group, **kwargs)
         if _DONTNEED is not None:
-            rg = self.metadata.row_group(group)
-            lo, hi = len(self.mapping), 0
-            for c in range(rg.num_columns):
-                col = rg.column(c)
-                first = col.data_page_offset
-                if col.has_dictionary_page and col.dictionary_page_offset is not None:
-                    first = min(first, col.dictionary_page_offset)
-                lo, hi = min(lo, first), max(hi, first + col.total_compressed_size)
-            # Out to the kernel's fault-around windows (64 KiB): a fault maps the cached
-            # pages around it too, beyond the row group (the footer's, after the last one).
-            lo -= lo % _AROUND
-            hi = min(hi + -hi % _AROUND, len(self.mapping))
-            if lo < hi:
-                # Decoded buffers are copies, but a zero-copy column could still point into
-                # the mapping: dropping the pages is safe either way (they fault back in).
-                self.mapping.madvise(_DONTNEED, lo, hi - lo)
+            # The whole mapping, not the row group's byte range: a fault maps the cached pages
+            # around it too (the kernel's fault-around), and the page tables of a mapping
+            # with no pages left cost nothing to walk. Decoded buffers are copies, but a
+            # zero-copy column could still point into the mapping: dropping the pages is
+            # safe either way (they fault back in).
+            self.mapping.madvise(_DONTNEED)
         return table
 
     def close(self) -> None:
@@ -839,7 +829,6 @@ class _MappedParquet:
 
 
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if hasattr(mmap.mmap, "madvise") else None
-_AROUND = max(mmap.PAGESIZE, 1 << 16)
 
 
 def _close_parquet(f: Any) -> None:
