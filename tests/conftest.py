@@ -6,6 +6,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,8 +120,9 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run a launcher (torchrun, a framework's script) in its own process group, outside the
-    source tree; (exit code, stdout and stderr). A run past ``timeout`` fails the test, and
-    the whole group is killed whatever happens."""
+    source tree; (exit code, stdout and stderr). A run past ``timeout`` fails the test with
+    the stacks of its processes (:func:`hung_stacks`), and the whole group is killed whatever
+    happens."""
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -128,20 +132,100 @@ def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
         cwd=tempfile.gettempdir(),  # never import fastshard from the source tree
         start_new_session=True,  # its own process group, every rank and worker included
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        out = "".join(lines)  # before the stacks, which hung_stacks gives in short
+        stacks = hung_stacks(proc, lines)
         kill_group(proc)
-        try:  # a process that escaped the kill may still hold the pipe: do not wait for it
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            out = "(no output: the pipe stayed open after the kill)"
+        # A process that escaped the kill may still hold the pipe: do not wait for it.
+        reader.join(timeout=30)
+        if not reader.is_alive():
+            proc.stdout.close()
         pytest.fail(
             f"{' '.join(cmd[:4])} ... did not finish in {timeout} s (a hang?):\n{out[-3000:]}"
+            f"\n{stacks}"
         )
     finally:
         kill_group(proc)
-    return proc.returncode, out
+    reader.join(timeout=30)
+    proc.stdout.close()
+    return proc.returncode, "".join(lines)
+
+
+def _read_lines(stream: Any, lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)
+
+
+# tests/integrations/_common.py registers faulthandler for this signal in every process of a
+# framework job (DataLoader workers forked from a rank inherit it).
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def hung_stacks(proc: subprocess.Popen, lines: list[str], frames: int = 6) -> str:
+    """What each process below a hung launch is doing, one at a time: its pid, command and
+    state, and, for a process that handles STACKS_SIGNAL (faulthandler), the innermost
+    ``frames`` frames of each of its threads, which it prints to the pipe ``lines`` collects
+    when signalled. Processes that do not handle the signal are listed, never signalled (it
+    would end them)."""
+    if proc.poll() is not None:
+        return ""
+    out = ["stacks of the processes still running (innermost frames first):"]
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/status") as f:
+                caught = next(int(v, 16) for k, v in (ln.split(":") for ln in f) if k == "SigCgt")
+        except (OSError, StopIteration):
+            continue
+        ppid, state = stat.rsplit(")", 1)[1].split()[1], stat.rsplit(")", 1)[1].split()[0]
+        words = [a.decode(errors="replace").strip() for a in argv[:3] if a.strip()]
+        name = (
+            " ".join([Path(words[0]).name] + [w.splitlines()[0][:80] for w in words[1:]])
+            if words
+            else "(no command line: exiting)"
+        )
+        out.append(f"- pid {pid} (parent {ppid}, state {state}): {name}")
+        if not caught >> (STACKS_SIGNAL - 1) & 1:
+            continue
+        mark = len(lines)
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            continue
+        deadline, seen = time.monotonic() + 3.0, -1
+        while time.monotonic() < deadline and (seen != len(lines) or seen == mark):
+            seen = len(lines)
+            time.sleep(0.3)
+        out += _innermost(lines[mark:], frames)
+    return "\n".join(out)
+
+
+def _innermost(dump: list[str], frames: int) -> list[str]:
+    """The thread headers of a faulthandler dump, each with its innermost ``frames`` frames,
+    paths shortened to what follows site-packages/ or the last two parts."""
+    out: list[str] = []
+    kept = 0
+    for line in dump:
+        text = line.rstrip()
+        if "(most recent call first)" in text:
+            out.append("    " + text.strip())
+            kept = 0
+        elif text.startswith("  File ") and kept < frames:
+            kept += 1
+            where = text.split('"')[1] if text.count('"') >= 2 else ""
+            short = where.split("site-packages/")[-1]
+            if short == where:
+                short = "/".join(Path(where).parts[-2:])
+            out.append("      " + text.strip().replace(where, short))
+    return out
 
 
 def launch_ranks(worker, world: int, timeout: float) -> list:

@@ -3,6 +3,7 @@ when the launcher started its ranks in sessions of their own (as torchrun does).
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -33,6 +34,37 @@ def test_a_hung_launch_fails_and_kills_ranks_in_their_own_sessions():
     rank = int(str(err.value).split("a hang?):\n", 1)[1].split()[0])
     time.sleep(0.5)
     assert not alive(rank)  # the rank in its own session was killed too
+
+
+# A "launcher" whose "rank" prints its stacks when signalled (as the framework jobs' processes
+# do), waiting in a function whose name the failure must show; the launcher itself does not
+# handle the signal.
+RANK_WITH_STACKS = """
+import faulthandler, signal, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+def waiting_in_a_collective():
+    time.sleep(600)
+waiting_in_a_collective()
+"""
+HUNG_WITH_STACKS = f"""
+import subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", {RANK_WITH_STACKS!r}])
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_hung_launch_shows_where_each_process_waits():
+    with pytest.raises(pytest.fail.Exception, match="did not finish in 5 s") as err:
+        launch([sys.executable, "-c", HUNG_WITH_STACKS], timeout=5)
+    message = str(err.value)
+    stacks = message.split("stacks of the processes still running", 1)[1]
+    # Both processes are listed; only the rank, which handles the signal, shows its frames.
+    assert len(re.findall(r"- pid \d+ \(parent \d+, state \w\)", stacks)) == 2, stacks
+    launcher, rank = stacks.split("- pid ")[1:]
+    assert "File" not in launcher, stacks
+    assert "(most recent call first)" in rank, stacks
+    assert re.search(r"line \d+ in waiting_in_a_collective", rank), stacks
 
 
 def alive(pid: int) -> bool:
