@@ -44,6 +44,15 @@ def require(*modules: str) -> None:
     pytest.skip(why)
 
 
+@pytest.mark.extended  # the reports come from launched jobs (see conftest.LAUNCHED_REPORTS)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the default on Linux")
+@pytest.mark.parametrize("job", ["lightning_report", "accelerate_report", "trainer_report"])
+def test_jobs_start_loader_workers_from_a_forkserver(job, request):
+    """Forked from a rank, a worker can deadlock before its first line (CPython gh-112275):
+    the jobs start theirs from a forkserver (_common.start_workers_by_forkserver)."""
+    assert request.getfixturevalue(job)["start_method"] == "forkserver"
+
+
 def run_job(cmd: list[str], report: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     rc, out = launch(cmd, LAUNCH_TIMEOUT, env)
     assert rc == 0, f"exit {rc}:\n{out[-6000:]}"

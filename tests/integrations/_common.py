@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import multiprocessing
 import os
+import signal
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +21,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
+
+# A process of a job prints every thread's stack when sent SIGUSR1, as tests/conftest.py's
+# launcher does to each one before it kills a hung job; forked DataLoader workers inherit it.
+if hasattr(signal, "SIGUSR1"):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 N = 1000  # items in the dataset
 BATCH = 10  # per rank
@@ -110,11 +117,30 @@ def token_summary(per_rank: list[list[int]], rows: int) -> dict[str, Any]:
 def report(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
     if dist.is_initialized() and dist.get_rank() != 0:
         return
+    results = results | {"start_method": multiprocessing.get_start_method(allow_none=True)}
     Path(path).write_text(json.dumps(results, indent=1))
 
 
 def error_text(err: BaseException) -> dict[str, Any]:
     return {"error": type(err).__name__, "message": str(err)}
+
+
+def start_workers_by_forkserver(*preload: str) -> None:
+    """Start this job's DataLoader workers from a forkserver instead of forking the rank.
+
+    A rank runs the process group's threads; a fork while one of them holds CPython 3.11's
+    interpreter-list lock deadlocks the child before any of its code runs (gh-112275), and
+    the other rank then waits in its next collective (a Lightning job hung that way in CI, in
+    the scenario that starts fresh workers every epoch). The forkserver is a process of its
+    own with one thread, started once, that imports ``preload`` (this job's libraries) and
+    forks each worker from there. A worker imports the job's script again as
+    ``__mp_main__``, so each job runs its scenarios under ``if __name__ == "__main__"``.
+    docs/frameworks.md gives users the same advice.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return  # Windows: spawn, its default, forks nothing either
+    multiprocessing.set_forkserver_preload(["torch", "numpy", "fastshard", "_common", *preload])
+    multiprocessing.set_start_method("forkserver", force=True)
 
 
 # Seconds after which a stage's stacks are dumped (the slowest stage takes about 60 s on a

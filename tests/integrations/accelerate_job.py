@@ -29,6 +29,7 @@ from _common import (
     mixture_counts,
     report,
     run,
+    start_workers_by_forkserver,
     stream_read,
     summary,
     token_summary,
@@ -40,8 +41,8 @@ from torch.utils.data import DataLoader
 import fastshard
 
 REPORT = sys.argv[1]
-accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=TIMEOUT)])
 ds = IndexDataset()
+accelerator: Accelerator  # made under __main__ below: a DataLoader worker imports this script
 
 
 def epochs(loader: Any, count: int = 2) -> dict[str, Any]:
@@ -184,21 +185,24 @@ def stream_misuse(dispatch: bool) -> dict[str, Any]:
     return every_rank(fit)
 
 
-results: dict[str, Any] = {}
-run("documented", documented, results)
-run("documented_batch_sampler", documented_batch_sampler, results)
-run("weighted_documented", weighted_documented, results)
-run("mixture_documented", mixture_documented, results)
-run("length_grouped_documented", length_grouped_documented, results)
-run("packed_documented", packed_documented, results)
-run("misuse", misuse, results)
-run("misuse_batch_sampler", lambda: misuse(True), results)
-run("dispatch_misuse_stateful_workers", lambda: dispatch_misuse(True, 2), results)
-run("dispatch_misuse", lambda: dispatch_misuse(False, 0), results)
-run("dispatch_documented", lambda: dispatch_documented(False, 0), results)
-run("dispatch_documented_stateful_workers", lambda: dispatch_documented(True, 2), results)
-run("stream_documented", stream_documented, results)
-run("stream_misuse_dispatch", lambda: stream_misuse(True), results)
-run("stream_misuse_shard", lambda: stream_misuse(False), results)
-report(REPORT, results)
-accelerator.end_training()
+if __name__ == "__main__":
+    start_workers_by_forkserver("accelerate")
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=TIMEOUT)])
+    results: dict[str, Any] = {}
+    run("documented", documented, results)
+    run("documented_batch_sampler", documented_batch_sampler, results)
+    run("weighted_documented", weighted_documented, results)
+    run("mixture_documented", mixture_documented, results)
+    run("length_grouped_documented", length_grouped_documented, results)
+    run("packed_documented", packed_documented, results)
+    run("misuse", misuse, results)
+    run("misuse_batch_sampler", lambda: misuse(True), results)
+    run("dispatch_misuse_stateful_workers", lambda: dispatch_misuse(True, 2), results)
+    run("dispatch_misuse", lambda: dispatch_misuse(False, 0), results)
+    run("dispatch_documented", lambda: dispatch_documented(False, 0), results)
+    run("dispatch_documented_stateful_workers", lambda: dispatch_documented(True, 2), results)
+    run("stream_documented", stream_documented, results)
+    run("stream_misuse_dispatch", lambda: stream_misuse(True), results)
+    run("stream_misuse_shard", lambda: stream_misuse(False), results)
+    report(REPORT, results)
+    accelerator.end_training()

@@ -24,6 +24,7 @@ from _common import (
     PACKED_BATCH,
     SEQ_LEN,
     STREAM_SIZES,
+    TIMEOUT,
     IndexDataset,
     N,
     corpus,
@@ -32,6 +33,7 @@ from _common import (
     mixture_counts,
     report,
     run,
+    start_workers_by_forkserver,
     stream_read,
     summary,
     token_summary,
@@ -107,7 +109,7 @@ def trainer(**kw: Any) -> Any:
     kw.setdefault("enable_checkpointing", False)
     return pl.Trainer(
         accelerator="cpu",
-        strategy="ddp",
+        strategy=pl.strategies.DDPStrategy(timeout=TIMEOUT),  # every collective times out
         devices=2,
         num_sanity_val_steps=0,
         logger=False,
@@ -311,21 +313,25 @@ def stream_cut() -> dict[str, Any]:
     return {"epochs": {str(e): s for e, s in model.epochs.items()}}
 
 
-results: dict[str, Any] = {"flavour": FLAVOUR}
-if FLAVOUR == "lightning":
-    run("sampler", natural_sampler, results, barrier=False)
-    run("weighted", weighted, results, barrier=False)
-    run("mixture", mixture, results, barrier=False)
-    run("packed", packed, results, barrier=False)
-    run("batch_sampler", lambda: batch_sampler(True), results, barrier=False)
-    run("batch_sampler_no_replace", lambda: batch_sampler(False), results, barrier=False)
-    run("resume_stateful", lambda: resume(True), results, barrier=False)
-    run("resume_plain", lambda: resume(False), results, barrier=False)
-    run("length_grouped", length_grouped, results, barrier=False)
-    run("predict_batch_sampler", lambda: predict("BatchSampler"), results, barrier=False)
-    run("predict_length_grouped", lambda: predict("LengthGrouped"), results, barrier=False)
-    run("stream", stream, results, barrier=False)
-    run("stream_cut", stream_cut, results, barrier=False)
-else:
-    run("sampler", natural_sampler, results, barrier=False)
-report(REPORT, results)
+if __name__ == "__main__":
+    start_workers_by_forkserver(
+        "lightning.pytorch" if FLAVOUR == "lightning" else "pytorch_lightning"
+    )
+    results: dict[str, Any] = {"flavour": FLAVOUR}
+    if FLAVOUR == "lightning":
+        run("sampler", natural_sampler, results, barrier=False)
+        run("weighted", weighted, results, barrier=False)
+        run("mixture", mixture, results, barrier=False)
+        run("packed", packed, results, barrier=False)
+        run("batch_sampler", lambda: batch_sampler(True), results, barrier=False)
+        run("batch_sampler_no_replace", lambda: batch_sampler(False), results, barrier=False)
+        run("resume_stateful", lambda: resume(True), results, barrier=False)
+        run("resume_plain", lambda: resume(False), results, barrier=False)
+        run("length_grouped", length_grouped, results, barrier=False)
+        run("predict_batch_sampler", lambda: predict("BatchSampler"), results, barrier=False)
+        run("predict_length_grouped", lambda: predict("LengthGrouped"), results, barrier=False)
+        run("stream", stream, results, barrier=False)
+        run("stream_cut", stream_cut, results, barrier=False)
+    else:
+        run("sampler", natural_sampler, results, barrier=False)
+    report(REPORT, results)

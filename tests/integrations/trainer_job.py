@@ -27,6 +27,7 @@ from _common import (
     gather,
     report,
     run,
+    start_workers_by_forkserver,
     stream_read,
     summary,
     token_summary,
@@ -208,13 +209,15 @@ def stream(num_replicas: int | None) -> dict[str, Any]:
     return {"epochs": {str(e): summary([items]) for e, items in per_epoch.epochs.items()}}
 
 
-results: dict[str, Any] = {}
-run("documented", documented, results)
-run("sequential", lambda: strategy("sequential"), results)
-run("group_by_length", lambda: strategy("group_by_length"), results)
-run("packed", packed, results)
-run("resume", resume, results)
-run("misuse", misuse, results)
-run("stream", lambda: stream(1), results)
-run("stream_misuse", lambda: stream(None), results)
-report(REPORT, results)
+if __name__ == "__main__":
+    start_workers_by_forkserver("transformers", "accelerate")
+    results: dict[str, Any] = {}
+    run("documented", documented, results)
+    run("sequential", lambda: strategy("sequential"), results)
+    run("group_by_length", lambda: strategy("group_by_length"), results)
+    run("packed", packed, results)
+    run("resume", resume, results)
+    run("misuse", misuse, results)
+    run("stream", lambda: stream(1), results)
+    run("stream_misuse", lambda: stream(None), results)
+    report(REPORT, results)
