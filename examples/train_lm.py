@@ -16,7 +16,8 @@ download. The pieces, top to bottom:
   keyed order, concatenated and cut into rows of ``seq_len`` tokens, the rows shuffled; rank
   r of W takes rows r, r + W, ... of one global row sequence, the same for every W.
   ``fastshard.PackedTokens(fastshard.TokenStore.flat(..., dtype=np.uint16), seq_len)`` reads a
-  row's tokens; a torchdata ``StatefulDataLoader`` with 2 workers batches them.
+  row's tokens; a torchdata ``StatefulDataLoader`` with 2 persistent workers batches them,
+  started from a fork server on Linux (CPython gh-112275: see ``Trainer.make_loader``).
 - **Model**: a randomly initialised transformers ``LlamaForCausalLM`` (float32, no dropout,
   about 0.8 M parameters by default) under DDP (gloo on CPUs, NCCL on GPUs). The loss is the
   model's own: ``model(input_ids=ids, labels=ids)`` (the model shifts the labels), attention
@@ -57,6 +58,7 @@ import argparse
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
 import random
 import shutil
@@ -227,12 +229,23 @@ class Trainer:
 
         # torchdata 0.11 calls an API that torch 2.13 deprecated, once per iterator
         warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
+        # The workers start once (persistent) and from a single-threaded fork server where
+        # there is one, never forked from this rank for each epoch: a fork while one of the
+        # process group's threads holds CPython 3.11's interpreter-list lock deadlocks the child
+        # before its first line (gh-112275), and the other ranks then wait in the next
+        # all-reduce (until --timeout).
+        start = {}
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            multiprocessing.set_forkserver_preload(["torch", "numpy", "fastshard"])
+            start["multiprocessing_context"] = "forkserver"
         return StatefulDataLoader(
             self.train,
             sampler=self.sampler,
             batch_size=self.args.batch_size,
             num_workers=2,
             collate_fn=collate,
+            persistent_workers=True,
+            **start,
         )
 
     @property
