@@ -107,7 +107,7 @@ def _descendants(pid: int) -> list[int]:
 def kill_group(proc: subprocess.Popen) -> None:
     """End a child started with start_new_session=True, and everything it started: also
     what it started in sessions of their own (torchrun starts each rank in one), which its
-    process group does not reach."""
+    process group does not reach, and, once it exited, what it left in its group."""
     if proc.poll() is None:
         below = _descendants(proc.pid)
         for pid in [proc.pid, *below]:
@@ -115,6 +115,13 @@ def kill_group(proc: subprocess.Popen) -> None:
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+    else:
+        # What it left behind in its own group (its pid is the group's id while any member
+        # lives, so this reaches no other process).
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
 
 
@@ -135,8 +142,14 @@ def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
     lines: list[str] = []
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
     reader.start()
+    deadline = time.monotonic() + timeout
     try:
         proc.wait(timeout=timeout)
+        # The output ends when every process holding the pipe is gone: a worker or rank left
+        # behind by a launcher that exited is a hang too.
+        reader.join(timeout=max(0.0, deadline - time.monotonic()))
+        if reader.is_alive():
+            raise subprocess.TimeoutExpired(cmd, timeout)
     except subprocess.TimeoutExpired:
         out = "".join(lines)  # before the stacks, which hung_stacks gives in short
         stacks = hung_stacks(proc, lines)
@@ -151,7 +164,6 @@ def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
         )
     finally:
         kill_group(proc)
-    reader.join(timeout=30)
     proc.stdout.close()
     return proc.returncode, "".join(lines)
 

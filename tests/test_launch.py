@@ -67,6 +67,26 @@ def test_a_hung_launch_shows_where_each_process_waits():
     assert re.search(r"line \d+ in waiting_in_a_collective", rank), stacks
 
 
+# A "launcher" that exits at once, leaving a "worker" of its process group that holds the
+# output pipe: the launch has not ended while the worker lives.
+EXITED_LEAVING_A_WORKER = """
+import subprocess, sys
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(worker.pid, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_launch_that_leaves_a_worker_behind_fails_and_ends_it():
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="did not finish in 3 s") as err:
+        launch([sys.executable, "-c", EXITED_LEAVING_A_WORKER], timeout=3)
+    assert time.monotonic() - t0 < 40
+    worker = int(str(err.value).split("a hang?):\n", 1)[1].split()[0])
+    time.sleep(0.5)
+    assert not alive(worker)
+
+
 def alive(pid: int) -> bool:
     """Running (not gone, not a zombie waiting for a parent to reap it)."""
     try:
