@@ -194,7 +194,9 @@ def hung_stacks(proc: subprocess.Popen, lines: list[str], frames: int = 6) -> st
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
             with open(f"/proc/{pid}/status") as f:
-                caught = next(int(v, 16) for k, v in (ln.split(":") for ln in f) if k == "SigCgt")
+                caught = next(
+                    int(v, 16) for k, v in (ln.split(":", 1) for ln in f) if k == "SigCgt"
+                )
         except (OSError, StopIteration):
             continue
         ppid, state = stat.rsplit(")", 1)[1].split()[1], stat.rsplit(")", 1)[1].split()[0]
