@@ -25,17 +25,6 @@ time.sleep(600)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_hung_launch_fails_and_kills_ranks_in_their_own_sessions():
-    t0 = time.monotonic()
-    with pytest.raises(pytest.fail.Exception, match="did not finish in 3 s") as err:
-        launch([sys.executable, "-c", HUNG], timeout=3)
-    assert time.monotonic() - t0 < 40
-    rank = int(str(err.value).split("a hang?):\n", 1)[1].split()[0])
-    time.sleep(0.5)
-    assert not alive(rank)  # the rank in its own session was killed too
-
-
 # A "launcher" whose "rank" prints its stacks when signalled (as the framework jobs' processes
 # do), waiting in a function whose name the failure must show; the launcher itself does not
 # handle the signal.
@@ -77,14 +66,19 @@ print(worker.pid, flush=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_launch_that_leaves_a_worker_behind_fails_and_ends_it():
+@pytest.mark.parametrize(
+    "script",
+    [HUNG, EXITED_LEAVING_A_WORKER],
+    ids=["rank_in_its_own_session", "worker_left_by_an_exited_launcher"],
+)
+def test_a_hung_launch_fails_and_ends_what_it_started(script):
     t0 = time.monotonic()
     with pytest.raises(pytest.fail.Exception, match="did not finish in 3 s") as err:
-        launch([sys.executable, "-c", EXITED_LEAVING_A_WORKER], timeout=3)
+        launch([sys.executable, "-c", script], timeout=3)
     assert time.monotonic() - t0 < 40
-    worker = int(str(err.value).split("a hang?):\n", 1)[1].split()[0])
+    child = int(str(err.value).split("a hang?):\n", 1)[1].split()[0])  # the pid it printed
     time.sleep(0.5)
-    assert not alive(worker)
+    assert not alive(child)
 
 
 def alive(pid: int) -> bool:
