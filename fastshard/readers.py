@@ -797,7 +797,7 @@ class _MappedParquet:
     row group is decoded its pages are let go from this process (``MADV_DONTNEED``; they stay
     in the page cache), so a mapped file does not keep adding to the RSS."""
 
-    __slots__ = ("file", "mapping", "metadata")
+    __slots__ = ("file", "mapping")
 
     def __init__(self, path: str, metadata: Any) -> None:
         import pyarrow as pa
@@ -807,7 +807,10 @@ class _MappedParquet:
         self.file = _pyarrow_parquet().ParquetFile(
             pa.BufferReader(pa.py_buffer(self.mapping)), metadata=metadata
         )
-        self.metadata = self.file.metadata
+
+    @property
+    def metadata(self) -> Any:
+        return self.file.metadata
 
     def read_row_group(self, group: int, **kwargs: Any) -> Any:
         table = self.file.read_row_group(group, **kwargs)
