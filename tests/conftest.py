@@ -199,7 +199,7 @@ def hung_stacks(proc: subprocess.Popen, lines: list[str], frames: int = 6) -> st
                 )
         except (OSError, StopIteration):
             continue
-        ppid, state = stat.rsplit(")", 1)[1].split()[1], stat.rsplit(")", 1)[1].split()[0]
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]  # after the command name
         words = [a.decode(errors="replace").strip() for a in argv[:3] if a.strip()]
         name = (
             " ".join([Path(words[0]).name] + [w.splitlines()[0][:80] for w in words[1:]])
