@@ -27,7 +27,10 @@ Every case runs in a fresh interpreter, imports done before the clock starts:
   which on this 2-core machine is steadier and often faster): rows/s, and CPU seconds
   (steadier than wall time on a shared machine); also the
   reads alone (each file's rows in order, no stream) and the stream alone (a read that yields
-  ints), which split fastshard's time into its parts.
+  ints), which split fastshard's time into its parts, and the floor of the lanes' layout: the
+  one-thread read holding every row until the epoch ends, the memory a stream holds when its
+  lanes (256) are at least the row groups (80 of the default 20 files, all entered within the
+  first 256 items; with more files this holds more than the lanes do and is no floor).
 - bounds: ``batch_size=128`` (1,024 lanes), no workers: the most descriptors open and the peak
   memory growth (VmHWM) over an epoch, tar and Parquet.
 
@@ -199,6 +202,14 @@ elif kind == "pyarrow, one thread":  # pyarrow's defaults decode with its thread
     for p in paths:
         for batch in pq.ParquetFile(p).iter_batches(use_threads=False):
             n += len(batch.to_pylist())
+elif kind == "pyarrow, one thread, rows held":  # the floor of a layout holding every row group
+    held = []
+    for p in paths:
+        for batch in pq.ParquetFile(p).iter_batches(use_threads=False):
+            rows = batch.to_pylist()
+            n += len(rows)
+            held.append(rows)
+    del held
 elif kind == "fastshard reads alone":  # read(shard, 0, rows) of each file in turn, no stream
     sizes, read = readers.parquet_shards(paths)
     for shard, rows in enumerate(sizes.tolist()):
@@ -335,26 +346,36 @@ def bench_parquet(parquets: list[str], repeat: int) -> None:
         f"({4 * len(parquets)} MiB): one rank, no workers, default settings\n"
     )
     print(
-        "| reader | rows/s | ratio to pyarrow | ratio to pyarrow, one thread | CPU s | "
-        "CPU ratio to pyarrow | rows |"
+        "| reader | rows/s | ratio to pyarrow | ratio to pyarrow, one thread | ratio to rows held "
+        "| CPU s | CPU ratio to pyarrow | rows |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     runs: dict[str, list[dict[str, float]]] = {}
-    kinds = ("fastshard", "pyarrow", "pyarrow, one thread", "fastshard reads alone", "stream alone")
+    kinds = (
+        "fastshard",
+        "pyarrow",
+        "pyarrow, one thread",
+        "pyarrow, one thread, rows held",
+        "fastshard reads alone",
+        "stream alone",
+    )
     for _ in range(repeat):
         for kind in kinds:
             runs.setdefault(kind, []).append(child_json(PARQUET, kind, json.dumps(parquets)))
     base = [r["items"] / r["total"] for r in runs["pyarrow"]]
     base1 = [r["items"] / r["total"] for r in runs["pyarrow, one thread"]]
+    floor = [r["items"] / r["total"] for r in runs["pyarrow, one thread, rows held"]]
     base_cpu = [r["cpu"] for r in runs["pyarrow"]]
     for kind, rs in runs.items():
         rates = [r["items"] / r["total"] for r in rs]
         ratios = [a / b for a, b in zip(rates, base)]
         ratios1 = [a / b for a, b in zip(rates, base1)]
+        ratios_floor = [a / b for a, b in zip(rates, floor)]
         cpu = [r["cpu"] for r in rs]
         cpu_ratios = [b / a for a, b in zip(cpu, base_cpu)]  # > 1: less CPU than pyarrow
         print(
-            f"| {kind} | {spread(rates)} | {spread(ratios)} | {spread(ratios1)} | {spread(cpu)} "
+            f"| {kind} | {spread(rates)} | {spread(ratios)} | {spread(ratios1)} "
+            f"| {spread(ratios_floor)} | {spread(cpu)} "
             f"| {spread(cpu_ratios)} | {rs[0]['items']} |"
         )
 
