@@ -43,7 +43,8 @@ class InconsistentRanksError(RuntimeError):
     """The ranks of the process group disagree on a sampler's configuration.
 
     Raised by the consistency check at the start of an iteration (``check_consistency=True``,
-    the default, with an initialised process group), on every rank at once, with the same
+    the default, with an initialised process group; a ``ShardedStream`` also checks when it is
+    built, at ``set_epoch`` and at ``load_state_dict``), on every rank at once, with the same
     message, so that no rank trains on a plan the others do not share.
 
     Parameters
@@ -206,13 +207,14 @@ def _describe(field: str, values: list[Any]) -> str:
     return f"{field}: " + "; ".join(f"{v} on {_ranks(rs)}" for v, rs in by_value.items())
 
 
-def check(sampler: Checked, together: int = 0) -> None:
+def check(sampler: Checked, together: int = 0, when: str = "at the start of an iteration") -> None:
     """Raise InconsistentRanksError on every rank unless all ranks' samplers agree.
 
     Runs at the start of each pass (each ``__iter__``, which a training loop calls once per
     epoch), with an initialised process group of two or more processes, outside DataLoader
-    workers, unless the sampler was built with ``check_consistency=False``. One all_gather of
-    ``WIDTH`` int64s.
+    workers, unless the sampler was built with ``check_consistency=False``; a stream also
+    checks when it is built, at ``set_epoch`` and at ``load_state_dict`` (``when`` says which,
+    in the message). One all_gather of ``WIDTH`` int64s.
 
     A sampler with ``num_replicas=1`` is not sharded over the group, so nothing says every
     process iterates it (rank 0 evaluating alone is an everyday pattern, and a collective
@@ -246,14 +248,17 @@ def check(sampler: Checked, together: int = 0) -> None:
         detail = "\n  ".join(_describe(f, vs) for f, vs in fields.items())
         # The same message on every rank: with different kinds, no rank's own config names
         # what must agree.
+        # What a rank passes when it builds the sampler: its configuration, and a per-rank
+        # batch size where the guard holds one (a stream's, part of its resume point).
+        built = [*sampler._config(), *(k for k in sampler._resume_point() if k == "batch_size")]
         same = (
             "the same kind of sampler, with the same configuration"
             if "sampler" in fields
-            else f"its sampler with the same {', '.join(sampler._config())}"
+            else f"its sampler with the same {', '.join(built)}"
         )
         raise InconsistentRanksError(
-            f"fastshard.{type(sampler).__name__}: the {world} ranks disagree on the sampler at "
-            f"the start of an iteration (this is rank {dist.get_rank()}):\n  {detail}\n"
+            f"fastshard.{type(sampler).__name__}: the {world} ranks disagree on the sampler "
+            f"{when} (this is rank {dist.get_rank()}):\n  {detail}\n"
             f"Every rank must build {same} "
             "and num_replicas, and be at the same epoch (set_epoch) and resume point before "
             "iterating. Raised on every rank; pass "

@@ -445,7 +445,7 @@ class ShardedStream(IterableDataset[Any]):
         self._board = _EpochBoard()
         self._start_pass(0, 0)
         self._board.reset(0, 0, self.lanes)
-        _distributed.check(self)
+        _distributed.check(self, when="when it was built")
 
     # -- plan -------------------------------------------------------------------------------
     def _layout(self) -> _core.StreamLayout:
@@ -551,7 +551,7 @@ class ShardedStream(IterableDataset[Any]):
         if not (self._resume_pending and epoch == self.epoch):
             self._start_pass(epoch, 0)
             self._board.reset(epoch, 0, self.lanes)
-        _distributed.check(self)
+        _distributed.check(self, when="at set_epoch")
 
     def _iteration_key(self) -> tuple[int, int, int]:
         """(key, worker, workers) of the iteration this copy is starting. The workers of one
@@ -749,7 +749,7 @@ class ShardedStream(IterableDataset[Any]):
         self._start_pass(epoch, cursor, resumed=True, lanes=lanes)
         if get_worker_info() is None:  # a worker restoring its own copy leaves the board alone
             self._board.reset(epoch, cursor, lanes)
-        _distributed.check(self)
+        _distributed.check(self, when="at load_state_dict")
 
     def _saved_lanes(self, state: Any) -> int:
         """The lanes a state's epoch resumes with: the saved ones for a stream of default

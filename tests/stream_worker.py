@@ -56,7 +56,7 @@ def guard_sizes() -> dict[str, Any]:
     try:
         ShardedStream(sizes, read, batch_size=BATCH)
     except InconsistentRanksError as err:
-        return {"raised": True, "fields": sorted(err.fields)}
+        return {"raised": True, "fields": sorted(err.fields), "message": str(err)}
     return {"raised": False}
 
 
@@ -65,7 +65,7 @@ def guard_epoch() -> dict[str, Any]:
     try:
         stream.set_epoch(dist.get_rank())
     except InconsistentRanksError as err:
-        return {"raised": True, "fields": sorted(err.fields)}
+        return {"raised": True, "fields": sorted(err.fields), "message": str(err)}
     return {"raised": False}
 
 
@@ -75,7 +75,7 @@ def guard_batch() -> dict[str, Any]:
     try:
         ShardedStream(SIZES, read, batch_size=BATCH * (1 + dist.get_rank()), lanes=64)
     except InconsistentRanksError as err:
-        return {"raised": True, "fields": sorted(err.fields)}
+        return {"raised": True, "fields": sorted(err.fields), "message": str(err)}
     return {"raised": False}
 
 

@@ -48,15 +48,20 @@ def test_guard_refuses_other_shard_sizes(ranks):
     res = [r["guard_sizes"] for r in ranks]
     assert all(x["in_step"] for x in res)
     assert all(x.get("raised") and x["fields"] == ["sizes_checksum"] for x in res), res
+    # The stream checks when it is built: the message says so, not "an iteration".
+    assert all("disagree on the sampler when it was built" in x["message"] for x in res), res
 
 
 def test_guard_refuses_other_epochs(ranks):
     res = [r["guard_epoch"] for r in ranks]
     assert all(x["in_step"] for x in res)
     assert all(x.get("raised") and x["fields"] == ["epoch"] for x in res), res
+    assert all("disagree on the sampler at set_epoch" in x["message"] for x in res), res
 
 
 def test_guard_refuses_other_batch_sizes(ranks):
     res = [r["guard_batch"] for r in ranks]
     assert all(x["in_step"] for x in res)
     assert all(x.get("raised") and x["fields"] == ["batch_size"] for x in res), res
+    # What to make equal names the field that differs.
+    assert all(", pad, batch_size and num_replicas" in x["message"] for x in res), res
