@@ -934,9 +934,17 @@ class _StreamIterator(Iterator[Any]):
         return q * b + last % b + 1
 
     def global_cursor(self) -> int:
+        """The epoch's positions consumed by every rank once this reader's latest item is:
+        at the k-th item of every rank, all positions before k * W. Once the rank's last
+        batch is taken, that step's batches of every rank are: with ``pad=False`` a rank's
+        share can be an item shorter than another's, its last batch short of ``batch_size``,
+        and the step still ends where the longest rank's batch does."""
         s = self.stream
-        total = s._lengths(self.cursor)[1]
-        return self.cursor + min(self._consumed(self.yielded) * s.num_replicas, total)
+        count, total = s._lengths(self.cursor)
+        consumed = self._consumed(self.yielded)
+        if consumed == count:
+            consumed = -(-count // s.batch_size) * s.batch_size
+        return self.cursor + min(consumed * s.num_replicas, total)
 
     def _next_places(self) -> list[list[int]]:
         """The places (lane, window, row in window) of this reader's next batch (or of what is

@@ -305,6 +305,53 @@ def test_exact_resume_through_stateful_dataloader(workers):
     assert head + list(second) == full
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
+    """pad=False: a rank's share can be an item short, its last batch short of batch_size.
+    The state of every rank after the step that takes its last batch is the same cursor (the
+    end of that step's batches on every rank), so any rank's resumes without repeating."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def states_after(n, steps):
+        out, taken = [], []
+        for rank in range(2):
+            stream = ShardedStream(
+                [n],
+                lambda s, a, b: range(a, b),
+                batch_size=3,
+                seed=1,
+                num_replicas=2,
+                rank=rank,
+                pad=False,
+            )
+            loader = StatefulDataLoader(
+                stream, batch_size=3, num_workers=workers, collate_fn=collate
+            )
+            it = iter(loader)
+            taken += [x for _ in range(steps) for x in next(it)]
+            out.append(loader.state_dict())
+            del it
+        return out, taken
+
+    # 11 items: ranks of 6 and 5, two steps each; the second is the last on both.
+    # 13 items: ranks of 7 and 6 (3 and 2 steps): after step 2 rank 0 has one step to go.
+    for n, steps, cursor in ((11, 2, 11), (13, 2, 12)):
+        states, taken = states_after(n, steps)
+        for state in states:
+            rest = ShardedStream(
+                [n],
+                lambda s, a, b: range(a, b),
+                batch_size=3,
+                seed=1,
+                num_replicas=1,
+                rank=0,
+                pad=False,
+            )
+            rest.load_state_dict(state)
+            assert rest.state_dict()["cursor"] == cursor, (n, state)
+            assert sorted(taken + list(rest)) == list(range(n)), (n, state)
+
+
 def test_epoch_warning_and_auto_epoch():
     stream = make(1, 0)
     first = [x[:2] for x in stream]
