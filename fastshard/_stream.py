@@ -486,6 +486,12 @@ class ShardedStream(IterableDataset[Any]):
         self._cursor = cursor
         self._pass_lanes = self.lanes if lanes is None else lanes
         self._resume_pending = resumed
+        self._epoch_chosen = False  # whether set_epoch chose this pass (see load_state_dict)
+        # Whether the resumed pass is the board's base (a load in the main process), which
+        # the first iteration since reads from the board: the copies that the main process's
+        # copy hands to fresh workers, generation after generation, carry the pending flag
+        # without having read anything, so they must not force the resume point again.
+        self._resume_on_board = False
         self._iterator: _StreamIterator | None = None
 
     def _config(self, lanes: int | None = None) -> dict[str, Any]:
@@ -551,6 +557,7 @@ class ShardedStream(IterableDataset[Any]):
         if not (self._resume_pending and epoch == self.epoch):
             self._start_pass(epoch, 0)
             self._board.reset(epoch, 0, self.lanes)
+            self._epoch_chosen = True
         _distributed.check(self, when="at set_epoch")
 
     def _iteration_key(self) -> tuple[int, int, int]:
@@ -573,7 +580,10 @@ class ShardedStream(IterableDataset[Any]):
         from ``iter()`` in a DataLoader worker, an error would end the worker without its
         message)."""
         key, worker, workers = self._iteration_key()
-        resume = (self.epoch, self._cursor, self._pass_lanes) if self._resume_pending else None
+        self._epoch_chosen = False
+        resume = None
+        if self._resume_pending and not self._resume_on_board:
+            resume = (self.epoch, self._cursor, self._pass_lanes)
         self._resume_pending = False
         epoch, cursor, lanes, repeated = self._board.join(
             key, worker, workers, resume, self.auto_epoch, self.lanes
@@ -746,9 +756,17 @@ class ShardedStream(IterableDataset[Any]):
             state = _merge_readers(readers, _steps_since_snapshot(state))
         lanes = self._saved_lanes(state)
         epoch, cursor, _ = _state.check(state, self._config(lanes))
+        if self._epoch_chosen and self.epoch > epoch and not self._lengths(cursor)[1]:
+            # A state saved at the end of its epoch, loaded after set_epoch chose a later one
+            # (torchdata's StatefulDataLoader without workers loads the stream's state when
+            # it makes its iterator, after the loop's set_epoch): nothing of the saved epoch
+            # is left, and going back to it would read it again in place of the chosen one.
+            _distributed.check(self, when="at load_state_dict")
+            return
         self._start_pass(epoch, cursor, resumed=True, lanes=lanes)
         if get_worker_info() is None:  # a worker restoring its own copy leaves the board alone
             self._board.reset(epoch, cursor, lanes)
+            self._resume_on_board = True
         _distributed.check(self, when="at load_state_dict")
 
     def _saved_lanes(self, state: Any) -> int:

@@ -352,6 +352,56 @@ def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
             assert sorted(taken + list(rest)) == list(range(n)), (n, state)
 
 
+@pytest.mark.parametrize("auto_epoch", [True, False])
+def test_resumed_stream_then_fresh_workers_every_epoch(auto_epoch):
+    """stream.load_state_dict, then a DataLoader whose workers start afresh every epoch: the
+    first iteration reads the rest of the saved epoch, later ones the next epochs (auto_epoch)
+    or warn that the order repeats; never the resumed rest again, silently (the main process's
+    copy, which never iterates, hands its pending resume to every generation of workers)."""
+    saved = make(1, 0, auto_epoch=auto_epoch)
+    it = iter(saved)
+    head = [next(it)[:2] for _ in range(9)]
+    state = saved.state_dict()
+    stream = make(1, 0, auto_epoch=auto_epoch)
+    stream.load_state_dict(state)
+    loader = DataLoader(stream, batch_size=B, num_workers=2, collate_fn=collate, timeout=60)
+    first = [x[:2] for b in loader for x in b]
+    assert sorted(head + first) == sorted((s, r) for s, n in enumerate(SIZES) for r in range(n))
+    if auto_epoch:
+        for epoch in (1, 2):
+            order = [tuple(x) for x in stream.sequence(epoch=epoch).tolist()]
+            assert [x[:2] for b in loader for x in b] == order
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", fastshard.EpochWarning)
+            with pytest.raises(fastshard.EpochWarning, match="repeats the same order"):
+                list(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_end_of_epoch_loader_state_then_set_epoch_reads_the_next(workers):
+    """A StatefulDataLoader checkpoint taken after an epoch ended, restored, then set_epoch of
+    the next epoch: the loader reads that epoch. Without workers torchdata loads the stream's
+    own state (the saved epoch, at its end) when it makes the iterator, after set_epoch; that
+    state must not take the stream back to the finished epoch."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(stream):
+        return StatefulDataLoader(stream, batch_size=B, num_workers=workers, collate_fn=collate)
+
+    first = loader(make(1, 0))
+    epoch0 = [x[:2] for b in first for x in b]
+    state = first.state_dict()
+    stream = make(1, 0)
+    again = loader(stream)
+    again.load_state_dict(state)
+    stream.set_epoch(1)
+    order = [tuple(x) for x in stream.sequence(epoch=1).tolist()]
+    assert order != epoch0
+    assert [x[:2] for b in again for x in b] == order
+    assert stream.epoch == 1
+
+
 def test_epoch_warning_and_auto_epoch():
     stream = make(1, 0)
     first = [x[:2] for x in stream]
