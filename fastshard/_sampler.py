@@ -40,6 +40,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
     auto_epoch: bool = False
     _epoch_warned: bool = False
     _resume_pending: bool = False
+    _epoch_chosen: bool = False
 
     # Attributes fixed at construction: the order and the plan are built from them, so a
     # later assignment would change the attribute (and repr) but not one index. torch's
@@ -109,7 +110,19 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         rnd: _state.Round | None = None,
         resumed: bool = False,
     ) -> None:
+        if (
+            resumed
+            and self._chosen_unread()
+            and self.epoch > epoch
+            and not self._lengths(cursor)[1]
+        ):
+            # A state saved at the end of its epoch, loaded after set_epoch chose a later one
+            # (torchdata's StatefulDataLoader loads the sampler's state when it makes its
+            # iterator, after the loop's set_epoch): nothing of the saved epoch is left, and
+            # going back to it would spend the chosen epoch on an empty pass.
+            epoch, cursor, rnd, resumed = self.epoch, 0, None, False
         self.__dict__["epoch"] = epoch  # not through __setattr__, for which it is set_epoch
+        self._epoch_chosen = False  # whether set_epoch chose this pass: see _chosen_unread
         # A state just loaded and not yet iterated: set_epoch(epoch) keeps it (see set_epoch).
         self._resume_pending = resumed
         # Positions of the epoch's global sequence consumed before this pass began (non-zero
@@ -136,6 +149,13 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         _frameworks.check_not_resharded(self, splitter, processes)
         self._advance_if_done()
         return processes if splitter == "BatchSamplerShard" else 0
+
+    def _chosen_unread(self) -> bool:
+        """Whether set_epoch chose the current pass and nothing of it was yielded yet (an
+        iterator may have begun: torchdata's BatchSampler iterator calls ``iter`` on the
+        sampler before it loads the sampler's state)."""
+        it = self._iterator
+        return self._epoch_chosen and not self._pass_done and (it is None or not it.position)
 
     def _advance_if_done(self) -> None:
         self._resume_pending = False
@@ -218,6 +238,7 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         if self._resume_pending and epoch == self.epoch:
             return
         self._start_pass(epoch, 0)
+        self._epoch_chosen = True
 
     # -- checkpoints ------------------------------------------------------------------------
     def _cursor_after(self, consumed: int) -> int:

@@ -254,6 +254,37 @@ def test_stateful_dataloader(num_workers, batch_sampler):
     assert rest == full[k:]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_sampler", [False, True])
+def test_end_of_epoch_loader_state_then_set_epoch_yields_that_epoch(num_workers, batch_sampler):
+    """A StatefulDataLoader checkpoint taken after an epoch ended, restored, then set_epoch of
+    the next epoch (the usual loop): torchdata loads the sampler's state (the saved epoch, at
+    its end) when it makes its iterator, after that set_epoch. The next epoch is yielded in
+    full, not an empty pass of the finished one."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    n = 40
+
+    def loader(s):
+        if batch_sampler:
+            return sdl.StatefulDataLoader(
+                Items(n), batch_sampler=BatchSampler(s, 8), num_workers=num_workers
+            )
+        return sdl.StatefulDataLoader(Items(n), sampler=s, batch_size=8, num_workers=num_workers)
+
+    first = loader(DistributedSampler(n, 1, 0, seed=4))
+    epoch0 = [x for b in first for x in b.tolist()]
+    state = copy.deepcopy(first.state_dict())
+    sampler = DistributedSampler(n, 1, 0, seed=4)
+    again = loader(sampler)
+    again.load_state_dict(state)
+    sampler.set_epoch(1)
+    expected = DistributedSampler(n, 1, 0, seed=4)
+    expected.set_epoch(1)
+    got = [x for b in again for x in b.tolist()]
+    assert got == list(expected) != epoch0
+    assert sampler.epoch == 1
+
+
 def test_numpy_cursor_from_indices_consumers():
     # Users who consume through indices() pass `consumed` explicitly.
     s = make(1000, 4, 3)
