@@ -954,13 +954,16 @@ class _StreamIterator(Iterator[Any]):
     def global_cursor(self) -> int:
         """The epoch's positions consumed by every rank once this reader's latest item is:
         at the k-th item of every rank, all positions before k * W. Once the rank's last
-        batch is taken, that step's batches of every rank are: with ``pad=False`` a rank's
-        share can be an item shorter than another's, its last batch short of ``batch_size``,
-        and the step still ends where the longest rank's batch does."""
+        batch is taken and the pass has ended here (a DataLoader's fetch of a short last batch
+        ends with the iterator's StopIteration), that step's batches of every rank are: with
+        ``pad=False`` a rank's share can be an item shorter than another's, its last batch
+        short of ``batch_size``, and the step still ends where the longest rank's batch does.
+        Before the StopIteration the rank may be stepping item by item (``state_dict`` after
+        any item, without a DataLoader), and the other ranks at their k-th item too."""
         s = self.stream
         count, total = s._lengths(self.cursor)
         consumed = self._consumed(self.yielded)
-        if consumed == count:
+        if consumed == count and self.done:
             consumed = -(-count // s.batch_size) * s.batch_size
         return self.cursor + min(consumed * s.num_replicas, total)
 

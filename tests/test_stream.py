@@ -352,6 +352,39 @@ def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
             assert sorted(taken + list(rest)) == list(range(n)), (n, state)
 
 
+def test_pad_false_state_item_by_item_on_a_shorter_rank():
+    """Without a DataLoader a state may be taken after any item, every rank at its k-th: a
+    rank that has yielded its last item but not ended its pass is at k * W like the others,
+    even where its last batch is short (3 items, 2 ranks, batch 2: shares of 2 and 1)."""
+    taken, states = [], []
+    for rank in range(2):
+        stream = ShardedStream(
+            [0, 0, 3],
+            lambda s, a, b: range(a, b),
+            batch_size=2,
+            seed=3,
+            num_replicas=2,
+            rank=rank,
+            pad=False,
+        )
+        it = iter(stream)
+        taken.append(next(it))
+        states.append(stream.state_dict())
+    assert [state["cursor"] for state in states] == [2, 2]
+    for state in states:
+        rest = ShardedStream(
+            [0, 0, 3],
+            lambda s, a, b: range(a, b),
+            batch_size=2,
+            seed=3,
+            num_replicas=1,
+            rank=0,
+            pad=False,
+        )
+        rest.load_state_dict(state)
+        assert sorted(taken + list(rest)) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("auto_epoch", [True, False])
 def test_resumed_stream_then_fresh_workers_every_epoch(auto_epoch):
     """stream.load_state_dict, then a DataLoader whose workers start afresh every epoch: the
