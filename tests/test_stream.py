@@ -305,6 +305,19 @@ def test_exact_resume_through_stateful_dataloader(workers):
     assert head + list(second) == full
 
 
+def unpadded(sizes: list[int], batch_size: int, world: int, rank: int) -> ShardedStream:
+    """A pad=False stream whose items are their positions in the stream's rows."""
+    return ShardedStream(
+        sizes,
+        lambda s, a, b: range(a, b),
+        batch_size=batch_size,
+        seed=1,
+        num_replicas=world,
+        rank=rank,
+        pad=False,
+    )
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
     """pad=False: a rank's share can be an item short, its last batch short of batch_size.
@@ -315,17 +328,8 @@ def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
     def states_after(n, steps):
         out, taken = [], []
         for rank in range(2):
-            stream = ShardedStream(
-                [n],
-                lambda s, a, b: range(a, b),
-                batch_size=3,
-                seed=1,
-                num_replicas=2,
-                rank=rank,
-                pad=False,
-            )
             loader = StatefulDataLoader(
-                stream, batch_size=3, num_workers=workers, collate_fn=collate
+                unpadded([n], 3, 2, rank), batch_size=3, num_workers=workers, collate_fn=collate
             )
             it = iter(loader)
             taken += [x for _ in range(steps) for x in next(it)]
@@ -338,15 +342,7 @@ def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
     for n, steps, cursor in ((11, 2, 11), (13, 2, 12)):
         states, taken = states_after(n, steps)
         for state in states:
-            rest = ShardedStream(
-                [n],
-                lambda s, a, b: range(a, b),
-                batch_size=3,
-                seed=1,
-                num_replicas=1,
-                rank=0,
-                pad=False,
-            )
+            rest = unpadded([n], 3, 1, 0)
             rest.load_state_dict(state)
             assert rest.state_dict()["cursor"] == cursor, (n, state)
             assert sorted(taken + list(rest)) == list(range(n)), (n, state)
@@ -358,29 +354,13 @@ def test_pad_false_state_item_by_item_on_a_shorter_rank():
     even where its last batch is short (3 items, 2 ranks, batch 2: shares of 2 and 1)."""
     taken, states = [], []
     for rank in range(2):
-        stream = ShardedStream(
-            [0, 0, 3],
-            lambda s, a, b: range(a, b),
-            batch_size=2,
-            seed=3,
-            num_replicas=2,
-            rank=rank,
-            pad=False,
-        )
+        stream = unpadded([0, 0, 3], 2, 2, rank)
         it = iter(stream)
         taken.append(next(it))
         states.append(stream.state_dict())
     assert [state["cursor"] for state in states] == [2, 2]
     for state in states:
-        rest = ShardedStream(
-            [0, 0, 3],
-            lambda s, a, b: range(a, b),
-            batch_size=2,
-            seed=3,
-            num_replicas=1,
-            rank=0,
-            pad=False,
-        )
+        rest = unpadded([0, 0, 3], 2, 1, 0)
         rest.load_state_dict(state)
         assert sorted(taken + list(rest)) == [0, 1, 2]
 
