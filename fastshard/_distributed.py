@@ -246,11 +246,11 @@ def check(sampler: Checked, together: int = 0, when: str = "at the start of an i
         }
     if fields:
         detail = "\n  ".join(_describe(f, vs) for f, vs in fields.items())
-        # The same message on every rank: with different kinds, no rank's own config names
-        # what must agree.
         # What a rank passes when it builds the sampler: its configuration, and a per-rank
         # batch size where the guard holds one (a stream's, part of its resume point).
         built = [*sampler._config(), *(k for k in sampler._resume_point() if k == "batch_size")]
+        # The same message on every rank: with different kinds, no rank's own config names
+        # what must agree.
         same = (
             "the same kind of sampler, with the same configuration"
             if "sampler" in fields
