@@ -23,6 +23,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from . import _storage
+
 KIND = "wids-shard-index-v1"
 FORMAT = "fastshard-tar-offsets-v1"
 
@@ -101,18 +103,21 @@ def write_tar_index(
     bounds: np.ndarray,
     offsets: np.ndarray,
     ends: np.ndarray,
+    filesizes: Sequence[int],
+    storage: _storage.Options = _storage.DEFAULT,
 ) -> dict[str, Any]:
-    """Write the index of tar shards to ``output`` (urls relative to its folder); returns it."""
-    out = os.path.abspath(os.fspath(output))
-    base = os.path.dirname(out)
+    """Write the index of tar shards to ``output`` (a path or URL; urls relative to its
+    folder where they are under it); returns it."""
+    out = os.fspath(output)
+    remote = _storage.is_url(out)
+    if not remote:
+        out = os.path.abspath(_storage.local_path(out))
+    base = _storage.dirname(out)
     shardlist = []
     per_shard = []
     for s, p in enumerate(paths):
-        path = os.path.abspath(os.fspath(p))
-        url = os.path.relpath(path, base).replace(os.sep, "/")
-        shardlist.append(
-            {"url": url, "nsamples": int(sizes[s]), "filesize": int(os.path.getsize(path))}
-        )
+        url = _relative(os.fspath(p), base)
+        shardlist.append({"url": url, "nsamples": int(sizes[s]), "filesize": int(filesizes[s])})
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         per_shard.append({"offsets": _encode(offsets[lo:hi]), "end": int(ends[s])})
     doc = {
@@ -121,6 +126,9 @@ def write_tar_index(
         "shardlist": shardlist,
         "fastshard": {"format": FORMAT, "index_every": int(every), "shards": per_shard},
     }
+    if remote:
+        _storage.write_all(out, (json.dumps(doc, indent=1) + "\n").encode(), storage)
+        return doc
     tmp = out + ".partial"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
@@ -129,7 +137,19 @@ def write_tar_index(
     return doc
 
 
+def _relative(path: str, base: str) -> str:
+    """``path`` as an index url: relative to the index's folder ``base`` where it lies under
+    it (always, for local files), else as given."""
+    if _storage.is_url(path) or _storage.is_url(base):
+        if _storage.is_url(path) and path.startswith(base):
+            return path[len(base) :]
+        return path if _storage.is_url(path) else os.path.abspath(path)
+    return os.path.relpath(os.path.abspath(path), base).replace(os.sep, "/")
+
+
 def _resolve(url: str, base: str) -> str:
+    if _storage.is_url(base) or _storage.is_url(url):
+        return _storage.join(base, url)
     if ":" not in url:  # a plain path: no scheme to parse (urlparse costs 1 us a shard)
         if "/" not in url and os.sep not in url and url not in ("", ".", ".."):
             # a file name in `base` (normalised already): nothing to normalise
@@ -138,25 +158,24 @@ def _resolve(url: str, base: str) -> str:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         return urllib.parse.unquote(parsed.path)
-    if parsed.scheme and len(parsed.scheme) > 1:
-        raise ValueError(
-            f"shard url {url!r}: fastshard reads local files (or a mounted filesystem) only"
-        )
     return os.path.normpath(os.path.join(base, url))
 
 
-def read_tar_index(index: str | os.PathLike[str]) -> TarIndex:
-    """A ``wids-shard-index-v1`` file: counts always, seek offsets when fastshard wrote it
-    (checked for length here, decoded when each shard is first read)."""
-    path = os.path.abspath(os.fspath(index))
-    with open(path, "rb") as f:
-        doc = json.loads(f.read())
+def read_tar_index(
+    index: str | os.PathLike[str], storage: _storage.Options = _storage.DEFAULT
+) -> TarIndex:
+    """A ``wids-shard-index-v1`` file (a path or URL): counts always, seek offsets when
+    fastshard wrote it (checked for length here, decoded when each shard is first read)."""
+    path = os.fspath(index)
+    if not _storage.is_url(path):
+        path = os.path.abspath(_storage.local_path(path))
+    doc = json.loads(_storage.read_all(path, storage))
     if not isinstance(doc, dict) or not isinstance(doc.get("shardlist"), list):
         raise ValueError(f"{path}: not a shard index (no 'shardlist'; expected {KIND!r})")
     kind = doc.get("__kind__", KIND)
     if kind != KIND:
         raise ValueError(f"{path}: __kind__ is {kind!r}, expected {KIND!r}")
-    base = os.path.dirname(path)
+    base = _storage.dirname(path)
     if isinstance(doc.get("base_path"), str):
         base = _resolve(doc["base_path"], base)
     paths = []

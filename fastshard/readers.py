@@ -34,7 +34,7 @@ from typing import IO, Any, ClassVar, NamedTuple, Union
 
 import numpy as np
 
-from . import _core, _index
+from . import _core, _index, _storage
 from ._stream import ReadAmplificationWarning
 
 __all__ = [
@@ -263,6 +263,52 @@ def _check_pool_args(max_open_files: int) -> int:
     return _positive(max_open_files, "max_open_files")
 
 
+# -- remote shards ------------------------------------------------------------------------------
+# The keyword arguments that every reader takes for shards at URLs (docs/streams.md, "Object
+# storage"); _storage has the defaults.
+MAX_INFLIGHT_BYTES = _storage.MAX_INFLIGHT_BYTES
+MAX_REQUESTS = _storage.MAX_REQUESTS
+RETRIES = _storage.RETRIES
+
+
+def _remote(paths: list[str]) -> bool:
+    """Whether the shards are at URLs (all of them) or local (all of them)."""
+    remote = [_storage.is_url(p) for p in paths]
+    if any(remote) and not all(remote):
+        first = paths[remote.index(True)]
+        local = paths[remote.index(False)]
+        raise ValueError(
+            f"the shards mix URLs ({first!r}) and local paths ({local!r}): pass one kind"
+        )
+    return bool(remote) and remote[0]
+
+
+class _Prefetch:
+    """What a reader of remote shards shares: this process's :class:`_storage.Fetcher`, and
+    the ranges it asked to fetch ahead and has not taken (forgotten at the next pass)."""
+
+    storage: _storage.Options | None = None
+    _expected: list[tuple[str, int, int]] | None = None
+
+    def _fetcher(self) -> _storage.Fetcher:
+        assert self.storage is not None
+        return _storage.fetcher(self.storage)
+
+    def _expect(self, ranges: list[tuple[str, int, int, float, float]]) -> None:
+        fetcher = self._fetcher()
+        if self._expected:
+            fetcher.forget(self._expected)
+        self._expected = [r[:3] for r in ranges]
+        for url, lo, hi, key, rows in ranges:
+            fetcher.expect(url, lo, hi, key, rows)
+
+    def cancel_prefetch(self) -> None:
+        """Drop what :meth:`prefetch` asked for and was not read."""
+        if self._expected and self.storage is not None:
+            self._fetcher().forget(self._expected)
+        self._expected = None
+
+
 # -- tar ----------------------------------------------------------------------------------------
 def _not_tar(err: Exception) -> ValueError:
     return ValueError(
@@ -272,17 +318,27 @@ def _not_tar(err: Exception) -> ValueError:
 
 
 def _scan_tars(
-    paths: list[str], every: int, opener: Opener | None
+    paths: list[str],
+    every: int,
+    opener: Opener | None,
+    storage: _storage.Options | None = None,
+    filesizes: list[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(counts, bounds, flat offsets, ends) of tar shards, by the C++ header scan."""
+    """(counts, bounds, flat offsets, ends) of tar shards, by the C++ header scan; the
+    length of each remote shard is appended to ``filesizes`` if given."""
     try:
-        if opener is None:
+        if opener is None and storage is None:
             counts, bounds, offsets, ends = _core.tar_scan_paths(paths, every)
             return counts, bounds, offsets, ends
         c, parts, e = [], [], []
         for p in paths:
-            with opener(p) as f:
+            # A remote shard is read front to back in large ranged GETs (its headers are spread
+            # over all of it): one pass, no seek back.
+            f: Any = opener(p) if storage is None else _storage.RemoteFile(p, storage)
+            with f:
                 n, offs, end = _core.tar_scan(f, every, p)
+                if filesizes is not None and storage is not None:
+                    filesizes.append(f.length)
             c.append(n)
             parts.append(offs)
             e.append(end)
@@ -315,14 +371,14 @@ class _ShardRead:
         return state
 
 
-class TarRead(_ShardRead):
+class TarRead(_ShardRead, _Prefetch):
     """``read(shard, start, stop)`` over tar shards (see :func:`tar_shards`). Holds the
     paths and, per shard, the byte offset of every ``index_every``-th sample and the end of
     its last sample; shards counted without offsets are scanned in the process that first
     reads them (headers only, once). Pickles as paths and offset tables: the pool of open
     files is made afresh in each process."""
 
-    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_scanned": {}}
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_scanned": {}, "_expected": None}
 
     def __init__(
         self,
@@ -333,7 +389,10 @@ class TarRead(_ShardRead):
         opener: Opener | None,
         max_open_files: int = MAX_OPEN_FILES,
         filesizes: np.ndarray | None = None,
+        storage: _storage.Options | None = None,
     ) -> None:
+        self.storage = storage  # None: local files; else how the URLs are read
+        self._expected = None
         self.paths = paths
         self.sizes = sizes
         # Shard s's indexed byte offsets and the end of its last sample (a tuple: the flat
@@ -379,17 +438,77 @@ class TarRead(_ShardRead):
         found = self._scanned.get(shard)
         if found is None:
             path = self.paths[shard]
-            pool = self.files()
             try:
-                with pool.lock:
-                    n, offs, end = _core.tar_scan(pool.get(path), self.index_every, path)
+                if self.storage is not None:
+                    length = -1 if self.filesizes is None else int(self.filesizes[shard])
+                    with _storage.RemoteFile(path, self.storage, length) as f:
+                        n, offs, end = _core.tar_scan(f, self.index_every, path)
+                else:
+                    pool = self.files()
+                    with pool.lock:
+                        n, offs, end = _core.tar_scan(pool.get(path), self.index_every, path)
             except _core.NotTarError as err:
                 raise _not_tar(err) from None
             found = self._scanned[shard] = (offs, int(end), int(n))
         return found
 
+    def _span(self, shard: int, start: int, stop: int) -> tuple[int, int]:
+        """The bytes a remote read of samples ``[start, stop)`` fetches: from the indexed
+        sample at or before ``start`` to the indexed sample at or after ``stop`` (exactly the
+        samples' bytes when every sample is indexed, as for remote shards by default)."""
+        offsets, end, _ = self._offsets(shard)
+        every = self.index_every
+        slot, last = start // every, -(-stop // every)
+        if slot >= len(offsets):
+            return end, end
+        return int(offsets[slot]), (int(offsets[last]) if last < len(offsets) else end)
+
+    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
+        """Start fetching the reads ``(shard, start, stop)`` that this process will make, in
+        the order given by ``key`` (``(shard, start, stop, key)``; see ShardedStream):
+        nothing for local shards, nor for shards whose offsets are not known yet."""
+        if self.storage is None:
+            return
+        ranges = []
+        for shard, start, stop, key in segments:
+            if start < stop and (self.index is not None or shard in self._scanned):
+                lo, hi = self._span(shard, start, stop)
+                ranges.append((self.paths[shard], lo, hi, float(key), float(stop - start)))
+        self._expect(ranges)
+
+    def _read_remote(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        path = self.paths[shard]
+        offsets, end, held = self._offsets(shard)
+        every = self.index_every
+        slot, last = start // every, -(-stop // every)
+        if slot >= len(offsets):
+            return  # fewer samples than counted: ShardedStream names the shard
+        lo, hi = self._span(shard, start, stop)
+        src = self._fetcher().take(path, lo, hi)
+        try:
+            # Blocks of about 16 samples, cut at indexed samples: one C++ parse each.
+            step = max(1, 16 // every)
+            n, at = slot * every, lo
+            while n < stop and slot < last:
+                nxt = min(slot + step, last)
+                until = int(offsets[nxt]) if nxt < len(offsets) else end
+                if until <= at:
+                    return
+                block = src.read(until - at)
+                samples = _core.tar_samples(block, path, path)
+                del block
+                yield from samples[max(0, start - n) : stop - n]
+                if len(samples) < min(nxt * every, held) - n:
+                    return
+                n, slot, at = nxt * every, nxt, until
+        finally:
+            src.close()
+
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         if start == stop:
+            return
+        if self.storage is not None:
+            yield from self._read_remote(shard, start, stop)
             return
         path = self.paths[shard]
         every = self.index_every
@@ -438,6 +557,12 @@ def tar_shards(
     opener: Opener | None = None,
     max_open_files: int = MAX_OPEN_FILES,
     share_counts: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    max_requests: int = MAX_REQUESTS,
+    retries: int = RETRIES,
+    cache_dir: PathLike | None = None,
+    cache_limit: int | None = None,
 ) -> Shards:
     """WebDataset-style tar shards as ``(shard_sizes, read)``.
 
@@ -470,7 +595,26 @@ def tar_shards(
     Shards must be uncompressed tar files (a compressed stream cannot seek). ``opener(path)``
     opens a shard as a seekable binary file (default: the file itself, read with
     ``os.pread``); it must pickle, as ``read`` does.
+
+    Shards (and ``index``) may be URLs: ``s3://``, ``http(s)://``, and any other fsspec
+    protocol (``gs://``, ``az://``, ``hf://``, ...), read by ranged GETs of exactly the
+    samples each process reads, fetched ahead in the order the stream will read them, with
+    at most ``max_requests`` requests and ``max_inflight_bytes`` fetched and not yet read
+    per process, each failed request retried up to ``retries`` times (backoff, resumed from
+    its last byte). ``storage_options`` go to the client (``endpoint_url``, ``region``,
+    ``key``/``secret``/``token``, ``anon``, ``profile``; the AWS environment variables and
+    profiles by default). Nothing is written to disk unless ``cache_dir`` is given, with
+    ``cache_limit`` its bound in bytes (docs/streams.md, "Object storage"). Remote shards are
+    indexed at every sample (``index_every=1``) unless an index says otherwise.
     """
+    remote_kw = {
+        "max_inflight_bytes": max_inflight_bytes,
+        "max_requests": max_requests,
+        "retries": retries,
+        "cache_dir": cache_dir,
+        "cache_bytes": cache_limit,
+    }
+    storage = _storage.options(storage_options, **remote_kw)
     if isinstance(index_every, bool) or not isinstance(index_every, int) or index_every < 1:
         raise ValueError(f"index_every must be an int >= 1, got {index_every!r}")
     max_open_files = _check_pool_args(max_open_files)
@@ -479,23 +623,43 @@ def tar_shards(
     if index is not None:
         if paths is not None or sizes is not None:
             raise ValueError("pass either index= or paths (and sizes=), not both")
-        found = _index.read_tar_index(index)
+        found = _index.shared(
+            lambda: _index.read_tar_index(index, storage),
+            [os.fspath(index)],
+            bool(share_counts),
+        )
         ps = found.paths
         arr = found.sizes
         filesizes = found.filesizes
         offsets = found.offsets
+        remote = _remote(ps)
         if offsets is not None:
             index_every = found.every
+        elif remote:
+            index_every = 1
     elif paths is None:
         raise TypeError("tar_shards needs the shard paths or index=")
     else:
         ps = _paths(paths)
+        remote = _remote(ps)
+        if remote:
+            if opener is not None:
+                raise ValueError("opener= reads local files: remote shards need none")
+            index_every = 1  # ranged reads of exactly each sample's bytes
         if sizes is None:
-            counts, bounds, flat, ends = _index.shared(
-                lambda: _scan_tars(ps, index_every, opener), ps, bool(share_counts)
+            lengths: list[int] = []
+            counts, bounds, flat, ends, fs = _index.shared(
+                lambda: (
+                    *_scan_tars(ps, index_every, opener, storage if remote else None, lengths),
+                    lengths,
+                ),
+                ps,
+                bool(share_counts),
             )
             arr = np.asarray(counts, dtype=np.int64)
             offsets = (bounds, flat, ends)
+            if remote:
+                filesizes = np.asarray(fs, dtype=np.int64)
         else:
             arr = np.asarray(sizes, dtype=np.int64)
             if arr.shape != (len(ps),):
@@ -503,7 +667,16 @@ def tar_shards(
                     f"sizes has shape {arr.shape}, expected one count per path ({len(ps)})"
                 )
             offsets = None
-    read = TarRead(ps, arr, offsets, index_every, opener, max_open_files, filesizes)
+    read = TarRead(
+        ps,
+        arr,
+        offsets,
+        index_every,
+        opener,
+        max_open_files,
+        filesizes,
+        storage if remote else None,
+    )
     return Shards(arr, read)
 
 
@@ -511,19 +684,31 @@ def write_tar_index(
     paths: Sequence[PathLike],
     output: PathLike,
     *,
-    index_every: int = INDEX_EVERY,
+    index_every: int | None = None,
     opener: Opener | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Shards:
     """Scan tar shards once and write their index to ``output`` (``wids-shard-index-v1``
     JSON with fastshard's seek offsets; urls relative to the index's folder). Returns the
     shards as :func:`tar_shards` would; ``tar_shards(index=output)`` reads them back without
     scanning. The command line does the same: ``python -m fastshard index SHARD... -o
-    INDEX.json``."""
+    INDEX.json``. Shards and ``output`` may be URLs (``storage_options`` as for
+    :func:`tar_shards`); an index of remote shards keeps every sample's offset unless
+    ``index_every`` is given, so that reads fetch exactly their samples' bytes."""
     ps = _paths(paths)
-    _positive(index_every, "index_every")
-    counts, bounds, flat, ends = _scan_tars(ps, index_every, opener)
-    _index.write_tar_index(output, ps, counts, index_every, bounds, flat, ends)
-    read = TarRead(ps, counts, (bounds, flat, ends), index_every, opener)
+    storage = _storage.options(storage_options)
+    remote = _remote(ps)
+    every = (1 if remote else INDEX_EVERY) if index_every is None else index_every
+    _positive(every, "index_every")
+    lengths: list[int] = []
+    counts, bounds, flat, ends = _scan_tars(ps, every, opener, storage if remote else None, lengths)
+    filesizes = lengths if remote else [os.path.getsize(p) for p in ps]
+    _index.write_tar_index(output, ps, counts, every, bounds, flat, ends, filesizes, storage)
+    fs = np.asarray(filesizes, dtype=np.int64)
+    read = TarRead(
+        ps, counts, (bounds, flat, ends), every, opener, MAX_OPEN_FILES, fs,
+        storage if remote else None,
+    )  # fmt: skip
     return Shards(counts, read)
 
 
@@ -664,12 +849,19 @@ class RowGroupCache:
         return out
 
 
-class ParquetRead(_ShardRead):
+class ParquetRead(_ShardRead, _Prefetch):
     """``read(shard, start, stop)`` over Parquet files (see :func:`parquet_shards`). Holds
     the paths, the columns and, per file, the first row of every row group; the open files
     and the decoded row groups are per process and never pickled."""
 
-    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_cache": None, "_footers": None}
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {
+        "_pool": None,
+        "_cache": None,
+        "_footers": None,
+        "_expected": None,
+    }
+    storage: _storage.Options | None = None  # remote files: how they are read
+    lengths: np.ndarray | None = None  # remote files: their lengths, from the count
 
     def __init__(
         self,
@@ -714,7 +906,11 @@ class ParquetRead(_ShardRead):
         # are closed and opened again: the footer parsed before is used again.
         footers = self.footers()
         meta = footers.get(path)
-        if self.memory_map:
+        if self.storage is not None:
+            assert self.lengths is not None
+            length = int(self.lengths[self.paths.index(path)])
+            f: Any = _RemoteParquet(path, meta, self.storage, length, self.columns)
+        elif self.memory_map:
             f: Any = _MappedParquet(path, meta)
         else:
             f = _pyarrow_parquet().ParquetFile(path, memory_map=False, metadata=meta)
@@ -737,6 +933,31 @@ class ParquetRead(_ShardRead):
                 return f.read_row_group(group, columns=self.columns, use_threads=False)
 
         return self.cache().take((shard, group), lo, hi, decode, end)
+
+    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
+        """Start fetching the row groups that the reads ``(shard, start, stop, key)`` enter,
+        each once, in the order of ``key`` (see :meth:`TarRead.prefetch`); nothing for local
+        files, nor for files whose footer this process has not read."""
+        if self.storage is None:
+            return
+        footers = self.footers()
+        first: dict[tuple[int, int], float] = {}
+        for shard, start, stop, key in segments:
+            starts = self.group_starts[shard]
+            g0 = int(np.searchsorted(starts, start, side="right")) - 1
+            g1 = int(np.searchsorted(starts, stop - 1, side="right")) - 1
+            for g in range(max(g0, 0), g1 + 1):
+                at = key + max(0, int(starts[g]) - start)
+                if first.get((shard, g), at + 1) > at:
+                    first[(shard, g)] = at
+        ranges = []
+        for (shard, g), key in first.items():
+            meta = footers.get(self.paths[shard])
+            if meta is not None:
+                lo, hi = _row_group_span(meta, g, self.columns)
+                ranges.append((self.paths[shard], lo, hi, float(key), 1.0))
+        ranges.sort(key=lambda r: r[3])
+        self._expect(ranges)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         starts = self.group_starts[shard]
@@ -831,6 +1052,65 @@ class _MappedParquet:
             pass
 
 
+def _row_group_span(meta: Any, group: int, columns: list[str] | None) -> tuple[int, int]:
+    """The bytes of a row group's column chunks (of ``columns`` only, if given): one
+    ranged GET reads them all."""
+    rg = meta.row_group(group)
+    lo, hi = None, 0
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        if columns is not None and col.path_in_schema.split(".")[0] not in columns:
+            continue
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset is not None:
+            start = min(start, col.dictionary_page_offset)
+        lo = start if lo is None else min(lo, start)
+        hi = max(hi, start + col.total_compressed_size)
+    return (0, 0) if lo is None else (int(lo), int(hi))
+
+
+class _SpanFile(_storage.RemoteFile):
+    """A remote file whose bytes ``[lo, lo + len(data))`` are at hand: pyarrow's reads of a
+    row group's column chunks cost no request."""
+
+    def __init__(self, url: str, opts: Any, length: int, lo: int, data: bytes) -> None:
+        super().__init__(url, opts, length)
+        self.buf, self.buf_at = data, lo
+
+
+class _RemoteParquet:
+    """A Parquet file at a URL, read a row group at a time: its column chunks in one ranged
+    GET, taken from the process's fetcher (fetched ahead when the stream expected it)."""
+
+    __slots__ = ("columns", "length", "metadata", "opts", "url")
+
+    def __init__(
+        self, url: str, metadata: Any, opts: Any, length: int, columns: list[str] | None
+    ) -> None:
+        self.url = url
+        self.opts = opts
+        self.length = length
+        self.columns = columns
+        if metadata is None:
+            f = _storage.RemoteFile(url, opts, length, tail=1 << 16)
+            metadata = _pyarrow_parquet().read_metadata(f)
+        self.metadata = metadata
+
+    def read_row_group(self, group: int, **kwargs: Any) -> Any:
+        lo, hi = _row_group_span(self.metadata, group, self.columns)
+        src = _storage.fetcher(self.opts).take(self.url, lo, hi)
+        try:
+            data = src.read(hi - lo)
+        finally:
+            src.close()
+        f = _SpanFile(self.url, self.opts, self.length, lo, data)
+        pf = _pyarrow_parquet().ParquetFile(f, metadata=self.metadata)
+        return pf.read_row_group(group, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if hasattr(mmap.mmap, "madvise") else None
 
 
@@ -841,13 +1121,24 @@ def _close_parquet(f: Any) -> None:
 
 
 def _parquet_footers(
-    paths: list[str], columns: list[str] | None, footers: _Footers | None = None
+    paths: list[str],
+    columns: list[str] | None,
+    footers: _Footers | None = None,
+    storage: _storage.Options | None = None,
+    lengths: list[int] | None = None,
 ) -> tuple[list[int], list[np.ndarray]]:
     pq = _pyarrow_parquet()
     counts = []
     group_starts = []
     for p in paths:
-        meta = pq.read_metadata(p)
+        if storage is not None:
+            # The file's length (a HEAD), then its last 64 KiB: the footer in one GET.
+            with _storage.RemoteFile(p, storage, tail=1 << 16) as f:
+                meta = pq.read_metadata(f)
+                if lengths is not None:
+                    lengths.append(f.length)
+        else:
+            meta = pq.read_metadata(p)
         if footers is not None:
             footers.put(p, meta)
         if columns is not None:
@@ -875,6 +1166,12 @@ def parquet_shards(
     cache_bytes: int = CACHE_BYTES,
     share_counts: bool = False,
     memory_map: bool = True,
+    storage_options: dict[str, Any] | None = None,
+    max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    max_requests: int = MAX_REQUESTS,
+    retries: int = RETRIES,
+    cache_dir: PathLike | None = None,
+    cache_limit: int | None = None,
 ) -> Shards:
     """Parquet files as ``(shard_sizes, read)``; needs ``pyarrow``.
 
@@ -901,7 +1198,20 @@ def parquet_shards(
     let go from the process once it is decoded (they stay in the page cache), so the mapped
     files do not add up in the RSS. ``memory_map=False`` reads them with pyarrow's buffered
     reads instead.
+
+    Files may be URLs (as for :func:`tar_shards`, with the same remote keyword arguments):
+    each footer is read with one GET of the file's last 64 KiB (after a HEAD for its length),
+    and each row group a process decodes with one ranged GET of its column chunks (of
+    ``columns`` only), fetched ahead in the order the stream's lanes enter them.
     """
+    storage = _storage.options(
+        storage_options,
+        max_inflight_bytes=max_inflight_bytes,
+        max_requests=max_requests,
+        retries=retries,
+        cache_dir=cache_dir,
+        cache_bytes=cache_limit,
+    )
     _pyarrow_parquet()
     ps = _paths(paths)
     batch_rows = _positive(batch_rows, "batch_rows")
@@ -911,13 +1221,23 @@ def parquet_shards(
     if isinstance(columns, str):
         raise TypeError("columns must be a sequence of column names, not one string")
     footers = _Footers(FOOTER_BYTES)
-    counts, group_starts = _index.shared(
-        lambda: _parquet_footers(ps, cols, footers), ps, bool(share_counts)
+    remote = _remote(ps)
+    lengths: list[int] = []
+    counts, group_starts, lengths = _index.shared(
+        lambda: (
+            *_parquet_footers(ps, cols, footers, storage if remote else None, lengths),
+            lengths,
+        ),
+        ps,
+        bool(share_counts),
     )
     arr = np.asarray(counts, dtype=np.int64)
     read = ParquetRead(
         ps, arr, group_starts, cols, batch_rows, max_open_files, cache_bytes, bool(memory_map)
     )
+    if remote:
+        read.storage = storage
+        read.lengths = np.asarray(lengths, dtype=np.int64)
     read._footers = footers  # this process's first opens skip the footers read just now
     return Shards(arr, read)
 
@@ -966,8 +1286,11 @@ def _mds_decoder(encoding: str) -> Callable[[bytes], Any]:
     return bytes  # images, ndarrays and custom encodings: the stored bytes, undecoded
 
 
-class MdsRead(_ShardRead):
+class MdsRead(_ShardRead, _Prefetch):
     """``read(shard, start, stop)`` over uncompressed MDS shards (see :func:`mds_shards`)."""
+
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_tables": {}, "_expected": None}
+    storage: _storage.Options | None = None  # remote shards: how they are read
 
     def __init__(
         self,
@@ -989,10 +1312,49 @@ class MdsRead(_ShardRead):
         self._pool = pool = FilePool.for_process(self._pool, lambda: FilePool(self.max_open_files))
         return pool
 
+    def _table(self, shards: list[int]) -> list[np.ndarray]:
+        """The offsets tables of remote shards (``uint32`` count, then one offset per sample
+        and the end), fetched once per process, several at once."""
+        tables: dict[int, np.ndarray] = self.__dict__.setdefault("_tables", {})
+        missing = sorted({s for s in shards if s not in tables})
+        if missing:
+            ranges = [(self.paths[s], 0, 4 * (int(self.sizes[s]) + 2)) for s in missing]
+            for s, raw in zip(missing, self._fetcher().fetch_many(ranges)):
+                tables[s] = np.frombuffer(raw, "<u4")[1:].astype(np.int64)
+        return [tables[s] for s in shards]
+
+    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
+        """Start fetching the samples of the reads ``(shard, start, stop, key)`` in the order
+        of ``key`` (see :meth:`TarRead.prefetch`), once the offsets tables of their shards
+        are at hand (fetched here, all at once); nothing for local shards."""
+        if self.storage is None:
+            return
+        live = [seg for seg in segments if seg[1] < seg[2]]
+        tables = self._table([shard for shard, _, _, _ in live])
+        ranges = []
+        for (shard, start, stop, key), table in zip(live, tables):
+            if stop < len(table):
+                lo, hi = int(table[start]), int(table[stop])
+                ranges.append((self.paths[shard], lo, hi, float(key), float(stop - start)))
+        self._expect(ranges)
+
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         path = self.paths[shard]
-        pool = self.files()
         decoders = [(name, _mds_decoder(enc), size) for name, enc, size in self.columns]
+        if self.storage is not None:
+            (table,) = self._table([shard])
+            if stop >= len(table):
+                return  # fewer samples than counted: ShardedStream names the shard
+            src = self._fetcher().take(path, int(table[start]), int(table[stop]))
+            try:
+                for lo in range(start, stop, PY_ROWS):
+                    hi = min(lo + PY_ROWS, stop)
+                    data = src.read(int(table[hi]) - int(table[lo]))
+                    yield from self._rows(data, table[lo : hi + 1], decoders)
+            finally:
+                src.close()
+            return
+        pool = self.files()
         keep = None if self.keep is None else set(self.keep)
         var = sum(size is None for _, _, size in self.columns)
         for lo in range(start, stop, PY_ROWS):
@@ -1003,23 +1365,39 @@ class MdsRead(_ShardRead):
                 return
             base = int(table[0])
             data = pool.read(path, base, int(table[-1]) - base)
-            rows = []
-            for i in range(hi - lo):
-                at = int(table[i]) - base
-                sizes = np.frombuffer(data, "<u4", count=var, offset=at).tolist() if var else []
-                at += 4 * var
-                row: dict[str, Any] = {}
-                v = 0
-                for name, decode, size in decoders:
-                    if size is None:
-                        size = sizes[v]
-                        v += 1
-                    if keep is None or name in keep:
-                        row[name] = decode(data[at : at + size])
-                    at += size
-                rows.append(row)
-            del data
-            yield from rows
+            yield from self._rows(data, table, decoders, keep, var)
+
+    def _rows(
+        self,
+        data: bytes,
+        table: np.ndarray,
+        decoders: list[tuple[str, Callable[[bytes], Any], int | None]],
+        keep: set[str] | None = None,
+        var: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The samples whose offsets ``table`` gives (one more than the samples: the end),
+        from ``data``, which starts at ``table[0]``."""
+        if keep is None and self.keep is not None:
+            keep = set(self.keep)
+        if var is None:
+            var = sum(size is None for _, _, size in self.columns)
+        base = int(table[0])
+        rows = []
+        for i in range(len(table) - 1):
+            at = int(table[i]) - base
+            sizes = np.frombuffer(data, "<u4", count=var, offset=at).tolist() if var else []
+            at += 4 * var
+            row: dict[str, Any] = {}
+            v = 0
+            for name, decode, size in decoders:
+                if size is None:
+                    size = sizes[v]
+                    v += 1
+                if keep is None or name in keep:
+                    row[name] = decode(data[at : at + size])
+                at += size
+            rows.append(row)
+        return rows
 
     def __repr__(self) -> str:
         return f"fastshard.readers.MdsRead({len(self.paths)} shards)"
@@ -1030,6 +1408,13 @@ def mds_shards(
     columns: Sequence[str] | None = None,
     *,
     max_open_files: int = MAX_OPEN_FILES,
+    share_counts: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    max_requests: int = MAX_REQUESTS,
+    retries: int = RETRIES,
+    cache_dir: PathLike | None = None,
+    cache_limit: int | None = None,
 ) -> Shards:
     """Mosaic streaming's MDS shards as ``(shard_sizes, read)``, counted from their
     ``index.json`` (nothing else is read here).
@@ -1044,15 +1429,32 @@ def mds_shards(
     the stored bytes, for the caller to decode. A read fetches a sample's bytes by the
     offsets table at the start of its shard, 16 samples per ``os.pread``, through the same
     per-process pool of open files as :func:`tar_shards`.
+
+    ``index`` and its shards may be at a URL (as for :func:`tar_shards`, with the same remote
+    keyword arguments): the index is read with one GET (on rank 0 alone with
+    ``share_counts=True``), each process fetches the offsets table of each shard it reads
+    once, and a read fetches exactly its samples' bytes, ahead of the stream.
     """
     import json
 
-    index_path = os.path.abspath(os.fspath(index))
-    with open(index_path) as f:
-        doc = json.load(f)
+    storage = _storage.options(
+        storage_options,
+        max_inflight_bytes=max_inflight_bytes,
+        max_requests=max_requests,
+        retries=retries,
+        cache_dir=cache_dir,
+        cache_bytes=cache_limit,
+    )
+    index_path = os.fspath(index)
+    remote = _storage.is_url(index_path)
+    if not remote:
+        index_path = os.path.abspath(_storage.local_path(index_path))
+    doc = _index.shared(
+        lambda: json.loads(_storage.read_all(index_path, storage)), [index_path], share_counts
+    )
     if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
         raise ValueError(f"{index_path}: not a Mosaic streaming index.json (no 'shards')")
-    base = os.path.dirname(index_path)
+    base = _storage.dirname(index_path)
     paths = []
     counts = []
     layout: list[tuple[str, str, int | None]] | None = None
@@ -1060,8 +1462,8 @@ def mds_shards(
         if s.get("format") != "mds":
             raise ValueError(f"{index_path}: shard {i} is {s.get('format')!r}, not 'mds'")
         raw = (s.get("raw_data") or {}).get("basename")
-        path = os.path.join(base, raw) if raw else ""
-        if not raw or not os.path.exists(path):
+        path = _storage.join(base, raw) if raw else ""
+        if not raw or not (remote or os.path.exists(path)):
             raise ValueError(
                 f"{index_path}: shard {i} has no uncompressed file {raw!r} (compression "
                 f"{s.get('compression')!r}): mds_shards reads uncompressed shards"
@@ -1083,4 +1485,6 @@ def mds_shards(
             )
     arr = np.asarray(counts, dtype=np.int64)
     read = MdsRead(paths, arr, layout or [], keep, _check_pool_args(max_open_files))
+    if remote:
+        read.storage = storage
     return Shards(arr, read)
