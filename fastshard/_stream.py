@@ -913,6 +913,7 @@ class _StreamIterator(Iterator[Any]):
                 self._started = True
                 for message, category in self.warnings:
                     warnings.warn(message, category, stacklevel=2)
+                self._prefetch()
             places = self._places = self._next_places()
             if not places:
                 self._finish()
@@ -939,6 +940,48 @@ class _StreamIterator(Iterator[Any]):
         for lane in self._lanes.values():
             lane.close()
         self._lanes.clear()
+        cancel = getattr(self.stream.read, "cancel_prefetch", None)
+        if cancel is not None:
+            cancel()
+
+    def _prefetch(self) -> None:
+        """Tell a ``read`` that can fetch ahead (``read.prefetch``: the remote readers) every
+        read this reader will open in the pass, as ``(shard, start, stop, key)``: its lanes,
+        found in the batches that first reach each of them, each from the window where this
+        reader enters it, cut into the reads that :meth:`_load` will open; ``key`` is the row
+        of the lane at which a read starts. Lanes are read side by side, a row of each in
+        turn, so ``key`` orders the reads by when they are needed."""
+        prefetch = getattr(self.stream.read, "prefetch", None)
+        if prefetch is None:
+            return
+        s = self.stream
+        count = s._lengths(self.cursor)[0]
+        b = s.batch_size
+        plan = s._plan(self.epoch, self.lanes)
+        first: dict[int, int] = {}  # lane -> the window this reader enters it at
+        j, skip = divmod(self.yielded, b)
+        # A rank meets all its lanes within lanes / num_replicas of its items.
+        horizon = (self.worker + j * self.workers) * b + -(-self.lanes // s.num_replicas)
+        while True:
+            lo = (self.worker + j * self.workers) * b
+            if lo >= count or (first and lo > horizon + b * self.workers):
+                break
+            places = plan.places(
+                self.cursor + s.rank, s.num_replicas, lo + skip, min(lo + b, count)
+            )
+            for lane, window, _ in places.tolist():
+                first.setdefault(lane, window)
+            j, skip = j + 1, 0
+        m = s.window
+        reads: list[tuple[int, int, int, int]] = []
+        for lane, window in first.items():
+            start, length = plan.lane(lane)
+            at = 0
+            for shard, a, z in plan.segments(start + window * m, start + length).tolist():
+                reads.append((shard, a, z, at))
+                at += z - a
+        reads.sort(key=lambda r: r[3])
+        prefetch(reads)
 
     # -- the plan of this reader -------------------------------------------------------------
     def _consumed(self, yielded: int) -> int:
