@@ -289,3 +289,19 @@ def test_the_built_reference_shows_constant_defaults_as_values(site):
     assert "max_open_files: int = 64," in streams
     for name in ("DEFAULT_WINDOW", "MAX_OPEN_FILES", "INDEX_EVERY", "CACHE_BYTES", "PY_ROWS"):
         assert name not in streams
+
+
+# The readers' classes that a `*_shards` function builds and returns as `read`: what a user
+# calls is the function, and the classes' constructors are not an interface to keep.
+INTERNAL_READERS = {"FilePool", "TarRead", "RowGroupCache", "ParquetRead", "MdsRead"}
+
+
+def test_the_streams_reference_lists_what_users_call(site):
+    text = (site / "reference" / "streams" / "index.html").read_text("utf-8")
+    entries = set(re.findall(r'id="fastshard\.readers\.(\w+)"', text))
+    readers = importlib.import_module("fastshard.readers")
+    public = set(readers.__all__) - INTERNAL_READERS
+    assert {"tar_shards", "parquet_shards", "mds_shards", "Shards"} <= public
+    # a public name added to fastshard.readers must be added to docs/reference/streams.md
+    assert public - entries == set()
+    assert entries & INTERNAL_READERS == set()
