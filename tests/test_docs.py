@@ -77,3 +77,24 @@ def test_every_public_name_has_a_reference_entry():
     public = {f"fastshard.{name}" for name in fastshard.__all__}
     public.add("fastshard.transformers.FastshardTrainer")
     assert public - documented == set()
+
+
+def _requirement(line: str) -> str:
+    return re.sub(r"\s+", "", line.split("#")[0])
+
+
+@pytest.mark.skipif(not REFERENCE.is_dir(), reason="docs/ is not part of the sdist")
+def test_the_docs_requirements_are_the_docs_extra():
+    # The pages tell a reader to `pip install -r docs/requirements.txt` (no torch, no compile);
+    # .ci/run installs the `docs` extra's pins. Both must be the same packages at the same pins.
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own TOML parser
+        import tomli as tomllib
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["docs"]
+    lines = (ROOT / "docs" / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    assert sorted(filter(None, map(_requirement, lines))) == sorted(map(_requirement, extra))
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        text = page.read_text(encoding="utf-8")
+        assert "pip install -r docs/requirements.txt && mkdocs serve" in text, page.name
