@@ -98,3 +98,21 @@ def test_the_docs_requirements_are_the_docs_extra():
     for page in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
         text = page.read_text(encoding="utf-8")
         assert "pip install -r docs/requirements.txt && mkdocs serve" in text, page.name
+
+
+@pytest.mark.skipif(not REFERENCE.is_dir(), reason="docs/ is not part of the sdist")
+def test_the_guides_speak_of_versions_not_issues():
+    # A reader has the releases and CHANGELOG.md, not the project's issue tracker: "before 0.3
+    # (issue 24)" named a version that does not exist. Say it as the CHANGELOG does.
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    versions = set(re.findall(r"^## .*?(\d+\.\d+\.\d+(?:\.dev\d+)?)", changelog, re.M))
+    assert "0.1.0" in versions
+    for page in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]:
+        if page.name == "changelog.md":
+            continue
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"\bissues?\s+\d", text), page.name
+        # the project's versions (0.x) where a page dates a change by one
+        when = r"\b(?:[Bb]efore|[Ss]ince|[Uu]ntil|builds of|fastshard) "
+        for version in re.findall(when + r"(0\.\d+(?:\.\d+)?(?:\.dev\d+)?)(?![\w.])", text):
+            assert version in versions, f"{page.name}: {version}"
