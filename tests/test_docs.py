@@ -116,3 +116,51 @@ def test_the_guides_speak_of_versions_not_issues():
         when = r"\b(?:[Bb]efore|[Ss]ince|[Uu]ntil|builds of|fastshard) "
         for version in re.findall(when + r"(0\.\d+(?:\.\d+)?(?:\.dev\d+)?)(?![\w.])", text):
             assert version in versions, f"{page.name}: {version}"
+
+
+# The site's content column is about 690 px wide: a wider figure is scaled down, and the
+# benchmarks figure, 1870 px wide, had 5 px tall labels there.
+SITE_WIDTH = 690
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_the_benchmarks_figure_fits_the_page():
+    plot = ROOT / "bench" / "plot.png"
+    if not plot.is_file():
+        pytest.skip("bench/ is not part of the sdist")
+    assert _png_size(plot)[0] <= SITE_WIDTH
+
+
+def test_the_bench_plot_is_drawn_to_fit_the_page(tmp_path):
+    # What `python -m fastshard bench --out DIR` writes as plot.png, from a run's results.
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the bench extra)")
+    from fastshard._bench.adapters import SAMPLERS
+    from fastshard._bench.plot import plot
+
+    cases = [
+        {
+            "ok": True,
+            "role": "peer",
+            "sampler": key,
+            "mode": mode,
+            "n": n,
+            "first_s": [1e-5 * (k + 1)],
+            "total_s": [n * 1e-9 * (k + 1)],
+            "count": n // 8,
+            "length": n // 8,
+            "growth_bytes": n * k,
+            "prefix": None,
+        }
+        for k, (key, _, modes, _) in enumerate(SAMPLERS)
+        for mode in modes
+        for n in (10**6, 10**7)
+    ]
+    meta = {"world": 8, "machine": {"cpu": "test", "cores": 2}}
+    assert plot({"cases": cases, "meta": meta}, str(tmp_path / "plot.png"))
+    width, height = _png_size(tmp_path / "plot.png")
+    assert width <= SITE_WIDTH < height
