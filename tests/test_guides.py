@@ -11,21 +11,34 @@ fence:
     <!-- continued -->              run after the page's previous runnable block, in one process
 
 The marker is an HTML comment, so the site and GitHub do not show it. docs/getting-started.md
-("Code in these pages") says the same for writers of the guides. The page check needs the
-checkout's docs/ (the sdist leaves it out) and skips without it.
+("Code in these pages") says the same for writers of the guides. A block that imports a package
+`pip install .` does not bring (anything beyond the standard library, torch and NumPy) must
+come after a `pip install` line on its page that names that package, or an extra of fastshard
+that brings it. The page check needs the checkout's docs/ (the sdist leaves it out) and skips
+without it.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.metadata
 import multiprocessing
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own TOML parser
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -78,18 +91,23 @@ def blocks(page: Path) -> list[Block]:
 ALL = [b for page in PAGES if page.is_file() for b in blocks(page)]
 
 
-def program(block: Block) -> str:
-    """The code a runnable block runs: itself, after the blocks it continues."""
+def chain(block: Block) -> list[Block]:
+    """A runnable block, after the blocks it continues."""
     page = [b for b in ALL if b.page == block.page]
-    chain = [block]
+    blocks = [block]
     k = page.index(block)
-    while chain[0].mark == "continued":
+    while blocks[0].mark == "continued":
         k -= 1
         while k >= 0 and page[k].mark == "fragment":
             k -= 1
         assert k >= 0, f"{block.id}: continues no runnable block"
-        chain.insert(0, page[k])
-    return "\n".join(b.code for b in chain)
+        blocks.insert(0, page[k])
+    return blocks
+
+
+def program(block: Block) -> str:
+    """The code a runnable block runs: itself, after the blocks it continues."""
+    return "\n".join(b.code for b in chain(block))
 
 
 @pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
@@ -97,6 +115,10 @@ def test_guide_block(block, tmp_path):
     compile(program(block) if block.mark != "fragment" else block.code, block.id, "exec")
     if block.mark == "fragment":
         return
+    absent = sorted(m for b in chain(block) for m in extra_imports(b) if not find_spec(m))
+    if absent and os.environ.get("FASTSHARD_REQUIRE_INTEGRATIONS") != "1":
+        # the page's install line names them; CI installs them and fails instead
+        pytest.skip(f"needs {', '.join(absent)} (the page's pip install line)")
     if multiprocessing.get_start_method() != "fork":
         # DataLoader workers started by spawn re-run a script without a __main__ guard
         pytest.skip("the guides' blocks are scripts for fork-started DataLoader workers")
@@ -127,3 +149,96 @@ def test_blocks_were_found():
 def test_a_guides_first_block_runs_as_written(name):
     first = next(b for b in ALL if b.page.name == name)
     assert first.mark == "run", f"{first.id} is the first example of {name}: it must run"
+
+
+# What `pip install .` brings: fastshard and its dependencies (pyproject's `dependencies`).
+CORE = {"fastshard", "torch", "numpy"}
+# Import names whose distribution has another name, for when the package is not installed.
+DISTRIBUTIONS = {"pytorch_lightning": "lightning", "yaml": "pyyaml", "PIL": "pillow"}
+_PIP = re.compile(r"pip install\s+([^`#\n]*)")
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache
+def extras() -> dict[str, list[str]]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]
+
+
+def installed_by(line: str) -> set[str]:
+    """The distributions a line's `pip install` commands name, a fastshard extra's included."""
+    names: set[str] = set()
+    for command in _PIP.findall(line):
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            words = command.split()
+        skip = False
+        for word in words:
+            if skip or word.startswith("-"):
+                # an option; those that take a value take the next word
+                skip = not skip and word in ("-r", "-c", "-i", "--index-url", "--extra-index-url")
+                continue
+            target, _, extra = word.partition("[")
+            if extra and (target in (".", "fastshard") or target.endswith("/")):
+                for name in extra.rstrip("]").split(","):
+                    for req in extras().get(name.strip(), []):
+                        names.add(_normal(re.match(r"[\w.-]+", req).group()))
+            elif m := re.match(r"[A-Za-z0-9][\w.-]*", word):
+                names.add(_normal(m.group()))
+    return names
+
+
+def imports(code: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def extra_imports(block: Block) -> set[str]:
+    """The block's imports that `pip install .` does not bring."""
+    return {n for n in imports(block.code) if n not in CORE and n not in sys.stdlib_module_names}
+
+
+@functools.cache
+def _installed() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def distributions(module: str) -> set[str]:
+    found = set(_installed().get(module, []))
+    return {_normal(d) for d in {module, DISTRIBUTIONS.get(module, module), *found}}
+
+
+def install_lines_before(block: Block) -> set[str]:
+    lines = block.page.read_text(encoding="utf-8").splitlines()[: block.line - 1]
+    return set().union(*(installed_by(line) for line in lines))
+
+
+@pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
+def test_a_block_that_needs_a_package_says_how_to_install_it(block):
+    installed = install_lines_before(block)
+    missing = sorted(m for m in extra_imports(block) if not distributions(m) & installed)
+    assert not missing, (
+        f"{block.id} imports {', '.join(missing)}, which `pip install .` does not bring: put a "
+        "`pip install` line naming it before the block"
+    )
+
+
+def test_install_lines_are_read():
+    assert installed_by('pip install ".[integrations]" matplotlib   # transformers') >= {
+        "transformers",
+        "lightning",
+        "matplotlib",
+    }
+    assert installed_by("`pip install torch==2.13.0 --index-url https://x/cpu`") == {"torch"}
+    assert installed_by("pip install -r docs/requirements.txt") == set()
+    page = [b for b in ALL if b.page.name == "packing.md"]
+    assert "transformers" in extra_imports(page[0])
