@@ -35,11 +35,13 @@ from typing import IO, Any, ClassVar, NamedTuple, Union
 import numpy as np
 
 from . import _core, _index, _storage
+from ._storage import RemoteReadError
 from ._stream import ReadAmplificationWarning
 
 __all__ = [
     "MdsRead",
     "ParquetRead",
+    "RemoteReadError",
     "RowGroupCacheWarning",
     "Shards",
     "TarRead",
@@ -264,11 +266,12 @@ def _check_pool_args(max_open_files: int) -> int:
 
 
 # -- remote shards ------------------------------------------------------------------------------
-# The keyword arguments that every reader takes for shards at URLs (docs/streams.md, "Object
-# storage"); _storage has the defaults.
-MAX_INFLIGHT_BYTES = _storage.MAX_INFLIGHT_BYTES
-MAX_REQUESTS = _storage.MAX_REQUESTS
-RETRIES = _storage.RETRIES
+# The defaults of the keyword arguments that every reader takes for shards at URLs
+# (docs/streams.md, "Object storage"), as literals so that the reference shows their values;
+# _storage's defaults are the same (tests/test_remote.py checks).
+MAX_INFLIGHT_BYTES = 64 << 20  # fetched and not yet read, per process
+MAX_REQUESTS = 16  # requests in flight, per process
+RETRIES = 8  # attempts after the first, per range
 
 
 def _remote(paths: list[str]) -> bool:

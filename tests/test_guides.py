@@ -9,6 +9,9 @@ fence:
 
     <!-- fragment -->               compiled for syntax only
     <!-- continued -->              run after the page's previous runnable block, in one process
+    <!-- s3 -->                     run with the environment of a real S3-API server (moto, on
+                                    loopback) whose bucket `my-bucket` holds the shards the
+                                    object-storage section names (see `guide_bucket`)
 
 The marker is an HTML comment, so the site and GitHub do not show it. docs/getting-started.md
 ("Code in these pages") says the same for writers of the guides. A block that imports a package
@@ -50,7 +53,7 @@ TIMEOUT = 180
 pytestmark = pytest.mark.skipif(not DOCS.is_dir(), reason="docs/ is not part of the sdist")
 
 _FENCE = re.compile(r"^( *)```python\s*$")
-_MARK = re.compile(r"^\s*<!--\s*(fragment|continued)\b[^>]*-->\s*$")
+_MARK = re.compile(r"^\s*<!--\s*(fragment|continued|s3)\b[^>]*-->\s*$")
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Block:
     page: Path
     line: int  # 1-based line of the opening fence
     code: str
-    mark: str  # "run", "fragment" or "continued"
+    mark: str  # "run", "fragment", "continued" or "s3"
 
     @property
     def id(self) -> str:
@@ -110,8 +113,50 @@ def program(block: Block) -> str:
     return "\n".join(b.code for b in chain(block))
 
 
+@pytest.fixture(scope="module")
+def guide_bucket(tmp_path_factory):
+    """The bucket the guides' object-storage blocks read: `my-bucket` on a real S3-API server
+    (tests/s3_server.py), holding 4 tar shards of 100 samples with their index, the same
+    rows as 4 Parquet files (column `text`) and as MDS shards. Yields the environment a
+    client needs to reach it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from remote_data import write_mds, write_tar
+    from s3_server import S3Server
+
+    from fastshard import readers
+
+    d = tmp_path_factory.mktemp("guide-bucket")
+    files = {}
+    for s in range(4):
+        tar = d / f"train-{s:04d}.tar"
+        write_tar(tar, 100 * s, 100)
+        files[f"shards/{tar.name}"] = str(tar)
+        part = d / f"part-{s:04d}.parquet"
+        pq.write_table(pa.table({"text": [f"row {100 * s + r}" for r in range(100)]}), part)
+        files[f"parquet/{part.name}"] = str(part)
+    (d / "mds").mkdir()
+    write_mds(d / "mds", [100] * 4)
+    for p in sorted((d / "mds").iterdir()):
+        files[f"mds/{p.name}"] = str(p)
+    with S3Server() as srv:
+        srv.upload("my-bucket", files)
+        env = srv.env()
+        readers.write_tar_index(
+            [f"s3://my-bucket/shards/train-{s:04d}.tar" for s in range(4)],
+            "s3://my-bucket/shards/index.json",
+            storage_options={
+                "endpoint_url": env["AWS_ENDPOINT_URL"],
+                "key": env["AWS_ACCESS_KEY_ID"],
+                "secret": env["AWS_SECRET_ACCESS_KEY"],
+            },
+        )
+        yield env
+
+
 @pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
-def test_guide_block(block, tmp_path):
+def test_guide_block(block, tmp_path, request):
     compile(program(block) if block.mark != "fragment" else block.code, block.id, "exec")
     if block.mark == "fragment":
         return
@@ -127,6 +172,8 @@ def test_guide_block(block, tmp_path):
         for k, v in os.environ.items()
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")
     }
+    if any(b.mark == "s3" for b in chain(block)):
+        env.update(request.getfixturevalue("guide_bucket"))
     script = tmp_path / "guide_block.py"  # a file, not -c: spawned workers re-import it
     script.write_text(program(block), encoding="utf-8")
     res = subprocess.run(

@@ -8,13 +8,10 @@ fastshard ships with (botocore for s3://).
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import struct
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -32,59 +29,12 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 sys.path.insert(0, os.path.dirname(__file__))
+from remote_data import payload, write_mds, write_tar  # noqa: E402
 from s3_server import S3Server  # noqa: E402
 
 BUCKET = "data"
 SHARDS = 8
 PER_SHARD = 40  # shard s holds PER_SHARD + s samples
-
-
-def payload(k: int) -> bytes:
-    return bytes([k % 251]) * (50 + (k * 97) % 1500)
-
-
-def write_tar(path: Path, first: int, n: int) -> None:
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as t:
-        for k in range(first, first + n):
-            for ext, data in (("id", str(k).encode()), ("bin", payload(k))):
-                info = tarfile.TarInfo(f"s/{k:07d}.{ext}")
-                info.size = len(data)
-                t.addfile(info, io.BytesIO(data))
-
-
-def write_mds(folder: Path, counts: list[int]) -> None:
-    """Uncompressed MDS shards as Mosaic's MDSWriter lays them out: a ``uint32`` count, the
-    ``count + 1`` offsets of the samples, then each sample (``uint32`` sizes of its
-    variable-size columns, then the columns); ``index.json`` beside them."""
-    shards = []
-    k = 0
-    for s, n in enumerate(counts):
-        samples = []
-        for _ in range(n):
-            data = payload(k)
-            samples.append(struct.pack("<I", len(data)) + data + struct.pack("<q", k))
-            k += 1
-        head = 4 + 4 * (n + 1)
-        offsets = np.cumsum([head] + [len(x) for x in samples]).astype("<u4")
-        name = f"shard.{s:05d}.mds"
-        raw = struct.pack("<I", n) + offsets.tobytes() + b"".join(samples)
-        (folder / name).write_bytes(raw)
-        shards.append(
-            {
-                "column_encodings": ["bytes", "int"],
-                "column_names": ["data", "id"],
-                "column_sizes": [None, 8],
-                "compression": None,
-                "format": "mds",
-                "hashes": [],
-                "raw_data": {"basename": name, "bytes": len(raw), "hashes": {}},
-                "samples": n,
-                "size_limit": 1 << 26,
-                "version": 2,
-                "zip_data": None,
-            }
-        )
-    (folder / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
 
 
 @pytest.fixture(scope="module")
@@ -182,9 +132,7 @@ FORMATS = ["tar", "parquet", "mds"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_every_item_once_and_the_local_batches(
-    fmt: str, local: dict[str, Any], s3: Any
-) -> None:
+def test_every_item_once_and_the_local_batches(fmt: str, local: dict[str, Any], s3: Any) -> None:
     """pad=False: every item exactly once per epoch over the ranks, at W = 1, 2, 4 and 0 or 2
     workers, in global batches identical to the same shards read from local disk."""
     remote = remote_shards(local, fmt)
@@ -486,6 +434,12 @@ def test_urls_mixed_with_paths_and_bad_options(local: dict[str, Any]) -> None:
 def test_missing_object_names_the_url(local: dict[str, Any], s3: Any) -> None:
     with pytest.raises(_storage.RemoteReadError, match=f"s3://{BUCKET}/tar/nope.tar.*404"):
         readers.tar_shards([f"s3://{BUCKET}/tar/nope.tar"])
+
+
+def test_reader_defaults_are_the_storage_defaults() -> None:
+    assert readers.MAX_INFLIGHT_BYTES == _storage.MAX_INFLIGHT_BYTES
+    assert readers.MAX_REQUESTS == _storage.MAX_REQUESTS
+    assert readers.RETRIES == _storage.RETRIES
 
 
 def test_storage_join_and_split() -> None:
