@@ -692,6 +692,7 @@ class _Threads:
             else:
                 future.set_result(result)
 
+
 class _Block:
     __slots__ = ("data", "future", "hi", "lo", "submitted")
 

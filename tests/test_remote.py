@@ -382,6 +382,27 @@ def test_resume_on_another_world_fetches_nothing_before_its_point(
     assert set(after) <= fetched
 
 
+def test_share_counts_reads_the_metadata_once(local: dict[str, Any], s3: Any) -> None:
+    """Two ranks with share_counts=True: rank 0 alone GETs the tar index and index.json and
+    reads the Parquet footers (one HEAD each); both ranks read their shares exactly."""
+    from .conftest import launch_ranks
+
+    os.environ["SHARDS"] = str(SHARDS)
+    try:
+        (r0, r1) = launch_ranks(Path(__file__).with_name("remote_worker.py"), 2, 240)
+    finally:
+        del os.environ["SHARDS"]
+    for rank in (r0, r1):
+        assert "error" not in rank["shared"], rank["shared"].get("error")
+    for fmt in ("tar", "parquet", "mds"):
+        both = r0["shared"][fmt] + r1["shared"][fmt]
+        assert sorted(both) == list(range(local["total"])), fmt
+    stats = s3.stats()
+    index_gets = [g for g in stats["gets"] if g[0].endswith("index.json")]
+    assert len(index_gets) == 2, index_gets  # one tar index, one index.json
+    assert stats["requests"]["HEAD"] == SHARDS, stats["requests"]  # the Parquet footers
+
+
 def test_clean_exits(local: dict[str, Any], s3: Any, tmp_path: Path) -> None:
     """Short reads in fresh processes, each exits 0 with nothing on stderr: no client thread
     or runtime left to abort the interpreter at exit (50 in the extended tier)."""
