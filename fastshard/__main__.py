@@ -43,14 +43,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "header scan), and write them as a wids-shard-index-v1 JSON file that "
         "fastshard.readers.tar_shards(index=...) starts from in milliseconds.",
     )
-    index.add_argument("shards", nargs="+", metavar="SHARD", help="tar shard files, in order")
+    index.add_argument(
+        "shards",
+        nargs="+",
+        metavar="SHARD",
+        help="tar shard files or URLs, in order; a URL that ends in '/' stands for the .tar "
+        "objects under it, sorted",
+    )
     index.add_argument("-o", "--output", required=True, metavar="INDEX.json")
     index.add_argument(
         "--index-every",
         type=int,
-        default=16,
+        default=None,
         metavar="N",
-        help="keep the offset of every N-th sample (default 16)",
+        help="keep the offset of every N-th sample (default 16 for local shards, 1 for "
+        "remote ones, whose reads then fetch exactly their samples' bytes)",
     )
     args, rest = parser.parse_known_args(argv)
     if args.command == "quality":
@@ -63,9 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return _bench.main(args)
     if args.command == "index":
-        from . import readers
+        from . import _storage, readers
 
-        shards = readers.write_tar_index(args.shards, args.output, index_every=args.index_every)
+        paths: list[str] = []
+        for shard in args.shards:
+            if _storage.is_url(shard) and shard.endswith("/"):
+                listed = [u for u in _storage.list_prefix(shard) if u.endswith(".tar")]
+                if not listed:
+                    parser.error(f"no .tar objects under {shard}")
+                paths += listed
+            else:
+                paths.append(shard)
+        shards = readers.write_tar_index(paths, args.output, index_every=args.index_every)
         print(f"{args.output}: {len(shards.sizes)} shards, {int(shards.sizes.sum())} samples")
         return 0
     parser.print_help(sys.stderr)

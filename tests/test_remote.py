@@ -403,6 +403,24 @@ def test_share_counts_reads_the_metadata_once(local: dict[str, Any], s3: Any) ->
     assert stats["requests"]["HEAD"] == SHARDS, stats["requests"]  # the Parquet footers
 
 
+def test_index_command_lists_a_prefix_and_writes_to_the_bucket(
+    local: dict[str, Any], s3: Any, tmp_path: Path
+) -> None:
+    """`python -m fastshard index s3://bucket/prefix/ -o s3://.../index.json`: the .tar
+    objects under the prefix, sorted, indexed at every sample; the index reads back."""
+    out = subprocess.run(
+        [sys.executable, "-m", "fastshard", "index", f"s3://{BUCKET}/tar/", "-o",
+         f"s3://{BUCKET}/cli/index.json"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    sizes, read = readers.tar_shards(index=f"s3://{BUCKET}/cli/index.json")
+    assert sizes.tolist() == local["counts"]
+    assert read.paths == urls(local, "tar") and read.index_every == 1
+    stream = fastshard.ShardedStream(sizes, read, batch_size=8, num_replicas=1, rank=0)
+    assert sorted(int(x["id"]) for x in stream) == list(range(local["total"]))
+
+
 def test_clean_exits(local: dict[str, Any], s3: Any, tmp_path: Path) -> None:
     """Short reads in fresh processes, each exits 0 with nothing on stderr: no client thread
     or runtime left to abort the interpreter at exit (50 in the extended tier)."""
