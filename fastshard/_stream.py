@@ -945,15 +945,18 @@ class _StreamIterator(Iterator[Any]):
             cancel()
 
     def _prefetch(self) -> None:
-        """Tell a ``read`` that can fetch ahead (``read.prefetch``: the remote readers) every
-        read this reader will open in the pass, as ``(shard, start, stop, key)``: its lanes,
+        """Offer a ``read`` that can fetch ahead (``read.prefetch``: the readers of
+        fastshard.readers, which use it for remote shards) a function that lists every read
+        this reader will open in the pass, as ``(shard, start, stop, key)``: its lanes,
         found in the batches that first reach each of them, each from the window where this
         reader enters it, cut into the reads that :meth:`_load` will open; ``key`` is the row
         of the lane at which a read starts. Lanes are read side by side, a row of each in
         turn, so ``key`` orders the reads by when they are needed."""
         prefetch = getattr(self.stream.read, "prefetch", None)
-        if prefetch is None:
-            return
+        if prefetch is not None:
+            prefetch(self._reads)
+
+    def _reads(self) -> list[tuple[int, int, int, int]]:
         s = self.stream
         count = s._lengths(self.cursor)[0]
         b = s.batch_size
@@ -981,7 +984,7 @@ class _StreamIterator(Iterator[Any]):
                 reads.append((shard, a, z, at))
                 at += z - a
         reads.sort(key=lambda r: r[3])
-        prefetch(reads)
+        return reads
 
     # -- the plan of this reader -------------------------------------------------------------
     def _consumed(self, yielded: int) -> int:

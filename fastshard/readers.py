@@ -466,14 +466,15 @@ class TarRead(_ShardRead, _Prefetch):
             return end, end
         return int(offsets[slot]), (int(offsets[last]) if last < len(offsets) else end)
 
-    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
-        """Start fetching the reads ``(shard, start, stop)`` that this process will make, in
-        the order given by ``key`` (``(shard, start, stop, key)``; see ShardedStream):
-        nothing for local shards, nor for shards whose offsets are not known yet."""
+    def prefetch(self, reads: Callable[[], list[tuple[int, int, int, int]]]) -> None:
+        """Start fetching what this process will read: ``reads()`` lists the reads
+        ``(shard, start, stop, key)`` of the pass, to be fetched in the order of ``key``
+        (ShardedStream gives the lane row at which each starts). Nothing for local shards
+        (``reads`` is not even called), nor for shards whose offsets are not known yet."""
         if self.storage is None:
             return
         ranges = []
-        for shard, start, stop, key in segments:
+        for shard, start, stop, key in reads():
             if start < stop and (self.index is not None or shard in self._scanned):
                 lo, hi = self._span(shard, start, stop)
                 ranges.append((self.paths[shard], lo, hi, float(key), float(stop - start)))
@@ -937,15 +938,15 @@ class ParquetRead(_ShardRead, _Prefetch):
 
         return self.cache().take((shard, group), lo, hi, decode, end)
 
-    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
-        """Start fetching the row groups that the reads ``(shard, start, stop, key)`` enter,
-        each once, in the order of ``key`` (see :meth:`TarRead.prefetch`); nothing for local
+    def prefetch(self, reads: Callable[[], list[tuple[int, int, int, int]]]) -> None:
+        """Start fetching the row groups that the ``reads()`` enter, each once, in the order
+        of ``key`` (see :meth:`TarRead.prefetch`); nothing for local
         files, nor for files whose footer this process has not read."""
         if self.storage is None:
             return
         footers = self.footers()
         first: dict[tuple[int, int], float] = {}
-        for shard, start, stop, key in segments:
+        for shard, start, stop, key in reads():
             starts = self.group_starts[shard]
             g0 = int(np.searchsorted(starts, start, side="right")) - 1
             g1 = int(np.searchsorted(starts, stop - 1, side="right")) - 1
@@ -1326,13 +1327,13 @@ class MdsRead(_ShardRead, _Prefetch):
                 tables[s] = np.frombuffer(raw, "<u4")[1:].astype(np.int64)
         return [tables[s] for s in shards]
 
-    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
-        """Start fetching the samples of the reads ``(shard, start, stop, key)`` in the order
-        of ``key`` (see :meth:`TarRead.prefetch`), once the offsets tables of their shards
+    def prefetch(self, reads: Callable[[], list[tuple[int, int, int, int]]]) -> None:
+        """Start fetching the samples of the ``reads()`` in the order of ``key`` (see
+        :meth:`TarRead.prefetch`), once the offsets tables of their shards
         are at hand (fetched here, all at once); nothing for local shards."""
         if self.storage is None:
             return
-        live = [seg for seg in segments if seg[1] < seg[2]]
+        live = [seg for seg in reads() if seg[1] < seg[2]]
         tables = self._table([shard for shard, _, _, _ in live])
         ranges = []
         for (shard, start, stop, key), table in zip(live, tables):

@@ -421,6 +421,47 @@ def test_index_command_lists_a_prefix_and_writes_to_the_bucket(
     assert sorted(int(x["id"]) for x in stream) == list(range(local["total"]))
 
 
+def test_https_urls_read_with_ranges(local: dict[str, Any], s3: Any) -> None:
+    """http(s):// URLs (here the server's own object URLs, which it serves unsigned): the
+    index's relative urls resolve against the index's URL, reads are Range requests."""
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": "*",
+                "Action": "s3:GetObject",
+                "Resource": f"arn:aws:s3:::{BUCKET}/*",
+            }
+        ],
+    }
+    s3.client().put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(policy))
+    index = f"{s3.endpoint}/{BUCKET}/tar/index.json"
+    sizes, read = readers.tar_shards(index=index)
+    assert read.paths[0] == f"{s3.endpoint}/{BUCKET}/tar/shard-000.tar"
+    s3.reset()
+    got = [k for b in batches(readers.Shards(sizes, read), "tar", 2, 1, 2, pad=False) for k in b]
+    want = [k for b in batches(local_shards(local, "tar"), "tar", 2, 1, 2, pad=False) for k in b]
+    assert got == want
+    assert "HEAD" not in s3.stats()["requests"]
+
+
+def test_any_fsspec_protocol(local: dict[str, Any]) -> None:
+    """Another fsspec protocol (fsspec's own memory filesystem, which a forked DataLoader
+    worker inherits): counted by a scan, read exactly, with workers."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    names = []
+    for p in local["tar"]:
+        name = f"memory://fastshard-test/{os.path.basename(p)}"
+        fs.pipe_file(name, Path(p).read_bytes())
+        names.append(name)
+    shards = readers.tar_shards(names)
+    assert shards.sizes.tolist() == local["counts"]
+    got = [k for b in batches(shards, "tar", 1, 0, 2, pad=False) for k in b]
+    assert sorted(got) == list(range(local["total"]))
+
+
 def test_clean_exits(local: dict[str, Any], s3: Any, tmp_path: Path) -> None:
     """Short reads in fresh processes, each exits 0 with nothing on stderr: no client thread
     or runtime left to abort the interpreter at exit (50 in the extended tier)."""
