@@ -561,6 +561,7 @@ def tar_shards(
     opener: Opener | None = None,
     max_open_files: int = MAX_OPEN_FILES,
     share_counts: bool = False,
+    verify_hashes: bool = False,
     storage_options: dict[str, Any] | None = None,
     max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
     max_requests: int = MAX_REQUESTS,
@@ -1293,8 +1294,40 @@ def _mds_decoder(encoding: str) -> Callable[[bytes], Any]:
 class MdsRead(_ShardRead, _Prefetch):
     """``read(shard, start, stop)`` over uncompressed MDS shards (see :func:`mds_shards`)."""
 
-    _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_tables": {}, "_expected": None}
+    _PER_PROCESS: ClassVar[dict[str, Any]] = {
+        "_pool": None,
+        "_tables": {},
+        "_expected": None,
+        "_verified": set(),
+    }
     storage: _storage.Options | None = None  # remote shards: how they are read
+    # verify_hashes=True: per shard, the index's {algorithm: hex digest} of the whole file
+    hashes: list[dict[str, str]] | None = None
+
+    def _verify(self, shard: int) -> None:
+        """Check a shard's whole file against the digests of the index, once per process."""
+        verified: set[int] = self.__dict__.setdefault("_verified", set())
+        if self.hashes is None or shard in verified:
+            return
+        import hashlib
+
+        path = self.paths[shard]
+        want = self.hashes[shard]
+        algos = [a for a in want if a in hashlib.algorithms_available]
+        if not algos:
+            raise ValueError(
+                f"{path}: verify_hashes=True, but the index gives only {sorted(want)} digests, "
+                "none of which hashlib computes (sha1, sha256, md5, ...)"
+            )
+        data = _storage.read_all(path, self.storage or _storage.DEFAULT)
+        for algo in algos:
+            got = hashlib.new(algo, data).hexdigest()
+            if got != want[algo]:
+                raise ValueError(
+                    f"{path}: its {algo} digest is {got}, the index says {want[algo]}: the "
+                    "shard is not the one the index describes (corrupt, or rewritten)"
+                )
+        verified.add(shard)
 
     def __init__(
         self,
@@ -1344,6 +1377,7 @@ class MdsRead(_ShardRead, _Prefetch):
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         path = self.paths[shard]
+        self._verify(shard)
         decoders = [(name, _mds_decoder(enc), size) for name, enc, size in self.columns]
         if self.storage is not None:
             (table,) = self._table([shard])
@@ -1413,6 +1447,7 @@ def mds_shards(
     *,
     max_open_files: int = MAX_OPEN_FILES,
     share_counts: bool = False,
+    verify_hashes: bool = False,
     storage_options: dict[str, Any] | None = None,
     max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
     max_requests: int = MAX_REQUESTS,
@@ -1438,6 +1473,11 @@ def mds_shards(
     keyword arguments): the index is read with one GET (on rank 0 alone with
     ``share_counts=True``), each process fetches the offsets table of each shard it reads
     once, and a read fetches exactly its samples' bytes, ahead of the stream.
+
+    ``verify_hashes=True`` checks each shard, the first time a process reads it, against the
+    digests its ``index.json`` records (``raw_data.hashes``, those that ``hashlib`` computes:
+    ``sha1``, ``sha256``, ``md5``, ...), and raises naming the shard on a mismatch. It reads
+    each whole shard once per process for that, so it costs a shard's bytes per reader.
     """
     import json
 
@@ -1459,6 +1499,7 @@ def mds_shards(
     if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
         raise ValueError(f"{index_path}: not a Mosaic streaming index.json (no 'shards')")
     base = _storage.dirname(index_path)
+    digests: list[dict[str, str]] = []
     paths = []
     counts = []
     layout: list[tuple[str, str, int | None]] | None = None
@@ -1479,6 +1520,7 @@ def mds_shards(
             raise ValueError(f"{index_path}: shard {i} has other columns than shard 0")
         paths.append(path)
         counts.append(int(s["samples"]))
+        digests.append(dict((s.get("raw_data") or {}).get("hashes") or {}))
     names = [c[0] for c in layout or []]
     keep = None if columns is None else [str(c) for c in columns]
     if keep is not None:
@@ -1491,4 +1533,13 @@ def mds_shards(
     read = MdsRead(paths, arr, layout or [], keep, _check_pool_args(max_open_files))
     if remote:
         read.storage = storage
+    if verify_hashes:
+        missing = [paths[i] for i, d in enumerate(digests) if not d]
+        if missing:
+            raise ValueError(
+                f"{index_path}: verify_hashes=True, but the index records no digest for "
+                f"{missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''} "
+                "(MDSWriter(hashes=[...]) writes them)"
+            )
+        read.hashes = digests
     return Shards(arr, read)

@@ -3,6 +3,7 @@ layout and MDS as Mosaic's MDSWriter lays it out, written here without either li
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import struct
@@ -49,8 +50,12 @@ def write_mds(folder: Path, counts: list[int]) -> None:
                 "column_sizes": [None, 8],
                 "compression": None,
                 "format": "mds",
-                "hashes": [],
-                "raw_data": {"basename": name, "bytes": len(raw), "hashes": {}},
+                "hashes": ["sha1"],
+                "raw_data": {
+                    "basename": name,
+                    "bytes": len(raw),
+                    "hashes": {"sha1": hashlib.sha1(raw).hexdigest()},
+                },
                 "samples": n,
                 "size_limit": 1 << 26,
                 "version": 2,

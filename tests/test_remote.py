@@ -462,6 +462,25 @@ def test_any_fsspec_protocol(local: dict[str, Any]) -> None:
     assert sorted(got) == list(range(local["total"]))
 
 
+def test_mds_hashes_verified_when_asked(local: dict[str, Any], s3: Any) -> None:
+    """verify_hashes=True: each shard checked against index.json's sha1 once per process; a
+    shard changed in the bucket is an error naming it, without it the bytes are read as is."""
+    shards = remote_shards(local, "mds", verify_hashes=True)
+    got = [k for b in batches(shards, "mds", 1, 0, 0, pad=False) for k in b]
+    assert sorted(got) == list(range(local["total"]))
+    raw = (local["root"] / "mds" / "shard.00003.mds").read_bytes()
+    bad = raw[:-1] + bytes([raw[-1] ^ 1])  # the last sample's last byte flipped
+    c = s3.client()
+    c.put_object(Bucket=BUCKET, Key="mds/shard.00003.mds", Body=bad)
+    try:
+        with pytest.raises(ValueError, match=r"shard\.00003\.mds: its sha1 digest"):
+            batches(remote_shards(local, "mds", verify_hashes=True), "mds", 1, 0, 0)
+        unchecked = remote_shards(local, "mds")
+        assert len([k for b in batches(unchecked, "mds", 1, 0, 0) for k in b]) == local["total"]
+    finally:
+        c.put_object(Bucket=BUCKET, Key="mds/shard.00003.mds", Body=raw)
+
+
 def test_clean_exits(local: dict[str, Any], s3: Any, tmp_path: Path) -> None:
     """Short reads in fresh processes, each exits 0 with nothing on stderr: no client thread
     or runtime left to abort the interpreter at exit (50 in the extended tier)."""
