@@ -49,6 +49,7 @@ FIRST_BLOCK_BYTES = 2 << 20  # the first GET of a stream: its first items arrive
 RETRIES = 8  # attempts after the first, per range
 BACKOFF = 0.05  # seconds before the first retry; doubled each attempt, capped at BACKOFF_CAP
 BACKOFF_CAP = 5.0
+PRESIGN_FOR = 3600  # seconds a presigned s3 GET URL is valid; renewed after half of it
 TIMEOUT = 30.0  # seconds: connect and read timeout of one request
 
 
@@ -261,6 +262,8 @@ class _S3(_Client):
             config=config,
         )
         self.bucket = bucket
+        self.urls: dict[str, tuple[str, float]] = {}  # presigned GET URLs by key
+        self.http = _HTTP("", opts)
         self.errors = (
             bex.ConnectionError,
             bex.HTTPClientError,
@@ -288,15 +291,28 @@ class _S3(_Client):
         except self.errors as err:
             raise _Retryable(f"{type(err).__name__}: {err}") from err
 
+    def _url(self, key: str) -> str:
+        found = self.urls.get(key)
+        now = time.monotonic()
+        if found is None or found[1] < now:
+            url = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=PRESIGN_FOR
+            )
+            found = self.urls[key] = (url, now + PRESIGN_FOR / 2)
+        return found[0]
+
     def get(self, key: str, start: int, stop: int, sink: Callable[[bytes], None]) -> None:
-        resp = self._call(self.client.get_object, Key=key, Range=f"bytes={start}-{stop - 1}")
-        body = resp["Body"]
+        # A ranged GET of the object's presigned URL, through urllib3: botocore's own
+        # get_object costs 1.8 ms of CPU a request, this 0.6 ms (300 GETs of 40 kB, measured
+        # against moto), which a 2-core machine that also decodes the samples feels. The URL is
+        # signed once per object and renewed after half its life; a 403 (credentials that
+        # expired sooner) signs it again and retries.
         try:
-            _chunks(body.read, sink)
-        except self.errors as err:
-            raise _Retryable(f"{type(err).__name__} mid-body: {err}") from err
-        finally:
-            body.close()
+            self.http.get(self._url(key), start, stop, sink)
+        except RemoteReadError as err:
+            if "HTTP 403" in str(err) and self.urls.pop(key, None) is not None:
+                raise _Retryable(f"{err} (signing the URL again)") from err
+            raise
 
     def size(self, key: str) -> int:
         return int(self._call(self.client.head_object, Key=key)["ContentLength"])
