@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
+import multiprocessing
 import multiprocessing.context
 import multiprocessing.reduction
 import os
@@ -108,7 +109,9 @@ class _EpochBoard:
     iteration's epoch + 1 for each later one); every other worker of the same iteration finds
     its key and reads the same entry. So the workers of one iteration agree by construction,
     whatever their timing. A worker that joins an entry it already joined has started a new
-    iteration that happens to have the same key (a DataLoader seeded identically twice).
+    iteration that happens to have the same key (a DataLoader seeded identically twice; the
+    key also names the batch of worker processes, so one whose predecessor in an iteration cut
+    short never started does not join that iteration's entry).
 
     The memory: on Linux a ``memfd`` mapped shared (tens of microseconds to make), which forked
     workers inherit and spawned or forkserver workers receive as a descriptor when the
@@ -124,7 +127,8 @@ class _EpochBoard:
     """
 
     MASK_WORDS = 4
-    ENTRY = 5 + MASK_WORDS
+    MASK = 5  # where an entry's bits start
+    ENTRY = MASK + MASK_WORDS
     ENTRIES = 8
     HEADER = 6
     LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds
@@ -248,10 +252,10 @@ class _EpochBoard:
                 if words[at] != key:
                     continue
                 if word < self.MASK_WORDS:
-                    mask = int(words[at + 5 + word]) % 2**64
+                    mask = int(words[at + self.MASK + word]) % 2**64
                     if mask >> bit & 1:
                         break  # this worker joined it already: a new iteration, same key
-                    words[at + 5 + word] = _distributed._signed(mask | 1 << bit)
+                    words[at + self.MASK + word] = _distributed._signed(mask | 1 << bit)
                 epoch, cursor, lanes, repeated = (int(w) for w in words[at + 1 : at + 5])
                 return epoch, cursor, lanes, bool(repeated)
             repeated = False
@@ -268,7 +272,7 @@ class _EpochBoard:
             words[at : at + self.ENTRY] = 0
             words[at : at + 5] = (key, _distributed._signed(epoch), cursor, lanes, repeated)
             if word < self.MASK_WORDS:
-                words[at + 5 + word] = _distributed._signed(1 << bit)
+                words[at + self.MASK + word] = _distributed._signed(1 << bit)
             words[4] = count + 1
             if workers > 1 or get_worker_info() is not None:
                 words[5] = 1
@@ -292,9 +296,24 @@ class _EpochBoard:
             self._release(words)
 
 
+_HAS_PROC = os.path.exists("/proc/self/stat")
+
+
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone, and not a zombie (dead, waiting for its parent
+    to reap it, which can take a while: it holds nothing any more)."""
     if sys.platform == "win32":  # os.kill(pid, 0) would send CTRL_C_EVENT there
         return True
+    if _HAS_PROC:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # The state follows the command name, which may hold spaces and parentheses.
+                return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+        except FileNotFoundError:
+            return False
+        except (OSError, IndexError):
+            pass  # unreadable: ask the kernel below
+    # Without /proc (macOS) a zombie counts as alive until its parent reaps it.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -564,14 +583,22 @@ class ShardedStream(IterableDataset[Any]):
         """(key, worker, workers) of the iteration this copy is starting. The workers of one
         DataLoader iteration share a key by construction: the DataLoader draws a base seed per
         iterator and gives worker w the seed base + w, and a persistent worker counts the
-        iterations it was asked for (every worker is told of every one). An iteration in the
-        main process gets a key of its own."""
+        iterations it was asked for (every worker is told of every one). Two iterators seeded
+        alike draw the same base, so the key also names the iterator's batch of worker
+        processes: the DataLoader creates worker w as the w-th of consecutive processes of
+        the main process (``multiprocessing`` numbers them), so a fresh worker of a later
+        iterator never takes the key of an earlier iteration, even one cut short before that
+        worker's predecessor started. An iteration in the main process gets a key of its own."""
         self._iterations += 1
         info = get_worker_info()
         if info is None:
             return int.from_bytes(os.urandom(8), "little") >> 1, 0, 1
         base = (int(info.seed) - int(info.id)) % 2**64
-        digest = hashlib.blake2b(f"{base}/{self._iterations}".encode(), digest_size=8).digest()
+        # () for a worker that is a thread of the main process: its iterator has no batch.
+        number = multiprocessing.current_process()._identity
+        batch = (*number[:-1], number[-1] - int(info.id)) if number else ()
+        text = f"{base}/{self._iterations}/{batch}"
+        digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") >> 1, int(info.id), int(info.num_workers)
 
     def _begin_iteration(self) -> tuple[int, int, int, int, str | None]:
