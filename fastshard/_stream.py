@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _core, _distributed, _frameworks, _state, _validate, _world
+from . import _core, _distributed, _frameworks, _state, _validate, _watchdog, _world
 from ._warnings import EpochWarning
 
 # How many of its lanes per global batch a stream has by default: lanes = LANES_PER_BATCH *
@@ -670,6 +670,8 @@ class ShardedStream(IterableDataset[Any]):
         _frameworks.check_not_resharded(self, *splitter)
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            _watchdog.watch_trainer()  # a worker ends with its trainer (persistent ones too)
         key, epoch, cursor, lanes, repeat = self._begin_iteration()
         if info is None:
             _distributed.check(self)
