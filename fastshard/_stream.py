@@ -782,7 +782,7 @@ class ShardedStream(IterableDataset[Any]):
         """
         readers = _reader_states(state)
         if readers:
-            state = _merge_readers(readers, _steps_since_snapshot(state))
+            state = _merge_readers(readers, _steps_since_snapshot(state), _loader_finished(state))
         lanes = self._saved_lanes(state)
         epoch, cursor, _ = _state.check(state, self._config(lanes))
         if self._epoch_chosen and self.epoch > epoch and not self._lengths(cursor)[1]:
@@ -984,16 +984,19 @@ class _StreamIterator(Iterator[Any]):
         """The epoch's positions consumed by every rank once this reader's latest item is:
         at the k-th item of every rank, all positions before k * W. Once the rank's last
         batch is taken and the pass has ended here (a DataLoader's fetch of a short last batch
-        ends with the iterator's StopIteration), that step's batches of every rank are: with
+        ends with the iterator's StopIteration), the whole pass is, every rank's: with
         ``pad=False`` a rank's share can be an item shorter than another's, its last batch
-        short of ``batch_size``, and the step still ends where the longest rank's batch does.
+        short of ``batch_size`` or a whole step behind the longest rank's last one.
         Before the StopIteration the rank may be stepping item by item (``state_dict`` after
         any item, without a DataLoader), and the other ranks at their k-th item too."""
         s = self.stream
         count, total = s._lengths(self.cursor)
         consumed = self._consumed(self.yielded)
         if consumed == count and self.done:
-            consumed = -(-count // s.batch_size) * s.batch_size
+            # Every step of this rank is taken and its loop has ended: with pad=False another
+            # rank may still take a step more (7 items, 2 ranks, batch 3: two steps and one),
+            # which a resume from this state must not read again.
+            return self.cursor + total
         return self.cursor + min(consumed * s.num_replicas, total)
 
     def _next_places(self) -> list[list[int]]:
@@ -1127,9 +1130,19 @@ def _steps_since_snapshot(state: Any) -> int:
     return steps if type(steps) is int and steps >= 0 else 0
 
 
-def _merge_readers(readers: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+def _loader_finished(state: Any) -> bool:
+    """Whether a torchdata StatefulDataLoader state was saved after the loader's iteration
+    ended (its workers' snapshots are those of their last batches, before they ran out)."""
+    return isinstance(state, dict) and state.get("_iterator_finished") is True
+
+
+def _merge_readers(
+    readers: list[dict[str, Any]], steps: int, finished: bool = False
+) -> dict[str, Any]:
     """One rank- and worker-free state from the readers' states of one loader: the readers
-    deliver their batches in turn, so the one furthest along holds the loader's position."""
+    deliver their batches in turn, so the one furthest along holds the loader's position.
+    ``finished``: the loader's iteration ended, so this rank's pass did, and the state is the
+    pass's end (with ``pad=False`` another rank may take a step more than this one)."""
     epochs = {r["epoch"] for r in readers}
     if len(epochs) != 1:
         raise ValueError(f"the loader's readers are at different epochs {sorted(epochs)}")
@@ -1142,5 +1155,5 @@ def _merge_readers(readers: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         r = best["reader"]
         cursor += steps * r["batch_size"] * r["num_replicas"]
     state = {key: value for key, value in best.items() if key != "reader"}
-    state["cursor"] = min(cursor, best["rows"])
+    state["cursor"] = best["rows"] if finished else min(cursor, best["rows"])
     return state

@@ -350,6 +350,23 @@ def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
             assert sorted(taken + list(rest)) == list(range(n)), (n, state)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pad_false_state_at_the_epoch_end_of_a_rank_a_step_shorter(workers):
+    """pad=False, 7 items, 2 ranks, batch 3: rank 0 takes two batches, rank 1 one (the
+    ranks are a step apart). Once a rank's loop over its loader has ended, its state is the
+    epoch's end, rank 1's too: a resume from it reads nothing again."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    for rank in range(2):
+        loader = StatefulDataLoader(
+            unpadded([7], 3, 2, rank), batch_size=3, num_workers=workers, collate_fn=collate
+        )
+        assert sum(len(batch) for batch in loader) == 4 - rank
+        rest = unpadded([7], 3, 1, 0)
+        rest.load_state_dict(loader.state_dict())
+        assert rest.state_dict()["cursor"] == 7 and list(rest) == [], rank
+
+
 def test_pad_false_state_item_by_item_on_a_shorter_rank():
     """Without a DataLoader a state may be taken after any item, every rank at its k-th: a
     rank that has yielded its last item but not ended its pass is at k * W like the others,
