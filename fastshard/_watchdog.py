@@ -26,6 +26,8 @@ import os
 import sys
 import threading
 
+from torch.utils.data import get_worker_info
+
 INTERVAL = 1.0  # seconds between checks of the trainer's pid
 
 _watching: int | None = None  # the pid of the process whose watchdog runs (a fork needs its own)
@@ -72,6 +74,9 @@ def watch_trainer() -> None:
     """Start this process's watch of the process that started it (once per process; nothing
     in a process that ``multiprocessing`` did not start, such as the trainer itself)."""
     global _watching
+    info = get_worker_info()
+    if info is not None and getattr(info, "worker_method", "multiprocessing") != "multiprocessing":
+        return  # a worker thread (torch's thread workers) dies with its process anyway
     me = os.getpid()
     with _lock:
         if _watching == me:

@@ -170,7 +170,8 @@ def test_megatron_bin_that_is_not_the_indexs(tmp_path):
 
     assert store(idx, binp).lengths.sum() * 4 == len(binp)  # the pair itself is fine
     # An int32 .bin beside the uint16 index of the same documents: twice the bytes.
-    with pytest.raises(ValueError, match=r"dtype uint16.*not the \.bin of this index.*4-byte tokens"):
+    wrong_dtype = r"dtype uint16.*not the \.bin of this index.*4-byte tokens"
+    with pytest.raises(ValueError, match=wrong_dtype):
         store(_as_uint16_index(idx), binp)
     with pytest.raises(ValueError, match=rf"holds {len(binp) + 8} bytes.* end at byte {len(binp)}"):
         store(idx, binp + bytes(8))  # longer
