@@ -233,6 +233,9 @@ def test_pad_false_state_at_the_end_of_a_rank_a_step_shorter(order):
         rest.load_state_dict(sampler.state_dict())
         assert list(rest) == [], r
     assert sorted(taken) == list(range(7))
+    # A rank with no item (1 item, 2 ranks): its loop ends at once, at the epoch's end.
+    empty = make(1, 2, 1, order=order, pad=False)
+    assert list(empty) == [] and empty.state_dict()["cursor"] == 1
     # Rank 1 at its 3rd and last item, its iteration not ended: step 3 of both ranks, and
     # rank 0's 4th item is still to come.
     heads = []
