@@ -127,8 +127,7 @@ class _EpochBoard:
     """
 
     MASK_WORDS = 4
-    MASK = 5  # where an entry's bits start
-    ENTRY = MASK + MASK_WORDS
+    ENTRY = 5 + MASK_WORDS
     ENTRIES = 8
     HEADER = 6
     LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds
@@ -252,10 +251,10 @@ class _EpochBoard:
                 if words[at] != key:
                     continue
                 if word < self.MASK_WORDS:
-                    mask = int(words[at + self.MASK + word]) % 2**64
+                    mask = int(words[at + 5 + word]) % 2**64
                     if mask >> bit & 1:
                         break  # this worker joined it already: a new iteration, same key
-                    words[at + self.MASK + word] = _distributed._signed(mask | 1 << bit)
+                    words[at + 5 + word] = _distributed._signed(mask | 1 << bit)
                 epoch, cursor, lanes, repeated = (int(w) for w in words[at + 1 : at + 5])
                 return epoch, cursor, lanes, bool(repeated)
             repeated = False
@@ -272,7 +271,7 @@ class _EpochBoard:
             words[at : at + self.ENTRY] = 0
             words[at : at + 5] = (key, _distributed._signed(epoch), cursor, lanes, repeated)
             if word < self.MASK_WORDS:
-                words[at + self.MASK + word] = _distributed._signed(1 << bit)
+                words[at + 5 + word] = _distributed._signed(1 << bit)
             words[4] = count + 1
             if workers > 1 or get_worker_info() is not None:
                 words[5] = 1
