@@ -17,7 +17,8 @@ download. The pieces, top to bottom:
   r of W takes rows r, r + W, ... of one global row sequence, the same for every W.
   ``fastshard.PackedTokens(fastshard.TokenStore.flat(..., dtype=np.uint16), seq_len)`` reads a
   row's tokens; a torchdata ``StatefulDataLoader`` with 2 persistent workers batches them,
-  started from a fork server on Linux (CPython gh-112275: see ``Trainer.make_loader``).
+  started from a fork server on Linux (CPython gh-112275: see ``Trainer.make_loader``), each
+  ending with its rank (``fastshard.worker_init_fn``), also when a fault kills the rank.
 - **Model**: a randomly initialised transformers ``LlamaForCausalLM`` (float32, no dropout,
   about 0.8 M parameters by default) under DDP (gloo on CPUs, NCCL on GPUs). The loss is the
   model's own: ``model(input_ids=ids, labels=ids)`` (the model shifts the labels), attention
@@ -238,6 +239,9 @@ class Trainer:
         if "forkserver" in multiprocessing.get_all_start_methods():
             multiprocessing.set_forkserver_preload(["torch", "numpy", "fastshard"])
             start["multiprocessing_context"] = "forkserver"
+        # A forkserver's workers are not the rank's children, so torch's check of the parent
+        # never sees the rank die: a rank killed by a fault (--fail-at) would leave them and
+        # the fork server running forever. fastshard's worker_init_fn ends them with the rank.
         return StatefulDataLoader(
             self.train,
             sampler=self.sampler,
@@ -245,6 +249,7 @@ class Trainer:
             num_workers=2,
             collate_fn=collate,
             persistent_workers=True,
+            worker_init_fn=fastshard.worker_init_fn,
             **start,
         )
 

@@ -19,8 +19,12 @@ The DataLoader keeps its workers for the whole run (``persistent_workers=True``)
 them from a fork server where there is one: a process that forks while other threads run (the
 process group's, DataLoader pin threads) can deadlock the child (CPython gh-112275), and a
 loader that forks fresh workers every epoch takes that chance every epoch. ``set_epoch``
-reaches persistent workers. Every collective has a timeout (``--timeout``), so a rank that
-stops answering ends the run with an error instead of a hang.
+reaches persistent workers. A fork server's workers are not the rank's children, so torch's
+watch of their parent would keep them (and the fork server) running after a fault kills the
+rank; a worker that iterates a ``ShardedStream`` watches its rank itself and ends with it
+(for a DataLoader over a fastshard sampler, pass ``worker_init_fn=fastshard.worker_init_fn``).
+Every collective has a timeout (``--timeout``), so a rank that stops answering ends the run
+with an error instead of a hang.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from ._stream import ReadAmplificationWarning, ShardedStream, ShardReadError
 from ._threads import get_num_threads, set_num_threads
 from ._token_store import TokenStore
 from ._warnings import EpochWarning
+from ._watchdog import worker_init_fn
 from ._weighted import WeightedDistributedSampler
 
 __all__ = [
@@ -43,4 +44,5 @@ __all__ = [
     "collate_rows",
     "get_num_threads",
     "set_num_threads",
+    "worker_init_fn",
 ]

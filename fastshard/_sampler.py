@@ -274,8 +274,10 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         dict
             The epoch, the position in its global sequence, and the configuration a resume
             must match (length, seed, order, ...). Every rank returns the same state at the
-            same step, except with ``pad=False`` once a rank's shorter shard has run out: save
-            rank 0's state there (its shard is the longest).
+            same step. Once the loop over the pass has ended (its iterator, or a
+            :class:`BatchSampler`'s, ran out) with all of it consumed, the state is the
+            epoch's end: with ``pad=False`` a shorter rank's loop can end a step before the
+            others', and its state then resumes without reading their last step again.
 
         Raises
         ------
@@ -292,12 +294,22 @@ class _ShardSampler(_TorchDistributedSampler[int]):
         >>> state["epoch"], state["cursor"]
         (0, 6)
         """
+        it = self._iterator
         if consumed is None:
-            consumed = 0 if self._iterator is None else self._iterator.position
+            consumed = 0 if it is None else it.position
         else:
             consumed = _validate.integer(consumed, "consumed")
-        cursor, rnd = self._resume_after(consumed)
         n = self._plan_args()[0]
+        # The loop over this pass has ended (its iterator ran out, or a BatchSampler's did)
+        # with all of it consumed: with pad=False a rank may be a whole step shorter than
+        # another, and its state at its loop's end is the epoch's end, not its last step's
+        # (which would read the longer rank's last step again). Until its loop has ended, a
+        # rank at its last item is at the same step as the others (the longer ones' last
+        # items still to come).
+        ended = self._pass_done or bool(getattr(it, "ended", False))
+        if ended and consumed == len(self._current()):
+            return _state.make(self._config(), self.epoch, n, None)
+        cursor, rnd = self._resume_after(consumed)
         if cursor > n:
             # Padding ran past the epoch's end: cursor + total_size reaches n + W - 1, which
             # can pass the 2**63 - 1 a state may hold. Any cursor >= n leaves nothing on any
@@ -465,12 +477,14 @@ class _UnitIterator(Iterator[Any]):
         self._sampler = sampler
         self._shard = shard
         self.position = 0
+        self.ended = False
 
     def __iter__(self) -> _UnitIterator:
         return self
 
     def __next__(self) -> Any:
         if self.position >= len(self._shard):
+            self.ended = True  # the loop over it has ended (see state_dict)
             raise StopIteration
         element = self._sampler._element(self._shard, self.position)
         self.position += 1

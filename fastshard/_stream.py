@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
+import multiprocessing
 import multiprocessing.context
 import multiprocessing.reduction
 import os
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _core, _distributed, _frameworks, _state, _validate, _world
+from . import _core, _distributed, _frameworks, _state, _validate, _watchdog, _world
 from ._warnings import EpochWarning
 
 # How many of its lanes per global batch a stream has by default: lanes = LANES_PER_BATCH *
@@ -108,7 +109,9 @@ class _EpochBoard:
     iteration's epoch + 1 for each later one); every other worker of the same iteration finds
     its key and reads the same entry. So the workers of one iteration agree by construction,
     whatever their timing. A worker that joins an entry it already joined has started a new
-    iteration that happens to have the same key (a DataLoader seeded identically twice).
+    iteration that happens to have the same key (a DataLoader seeded identically twice; the
+    key also names the batch of worker processes, so one whose predecessor in an iteration cut
+    short never started does not join that iteration's entry).
 
     The memory: on Linux a ``memfd`` mapped shared (tens of microseconds to make), which forked
     workers inherit and spawned or forkserver workers receive as a descriptor when the
@@ -292,9 +295,24 @@ class _EpochBoard:
             self._release(words)
 
 
+_HAS_PROC = os.path.exists("/proc/self/stat")
+
+
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone, and not a zombie (dead, waiting for its parent
+    to reap it, which can take a while: it holds nothing any more)."""
     if sys.platform == "win32":  # os.kill(pid, 0) would send CTRL_C_EVENT there
         return True
+    if _HAS_PROC:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # The state follows the command name, which may hold spaces and parentheses.
+                return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+        except FileNotFoundError:
+            return False
+        except (OSError, IndexError):
+            pass  # unreadable: ask the kernel below
+    # Without /proc (macOS) a zombie counts as alive until its parent reaps it.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -564,14 +582,22 @@ class ShardedStream(IterableDataset[Any]):
         """(key, worker, workers) of the iteration this copy is starting. The workers of one
         DataLoader iteration share a key by construction: the DataLoader draws a base seed per
         iterator and gives worker w the seed base + w, and a persistent worker counts the
-        iterations it was asked for (every worker is told of every one). An iteration in the
-        main process gets a key of its own."""
+        iterations it was asked for (every worker is told of every one). Two iterators seeded
+        alike draw the same base, so the key also names the iterator's batch of worker
+        processes: the DataLoader creates worker w as the w-th of consecutive processes of
+        the main process (``multiprocessing`` numbers them), so a fresh worker of a later
+        iterator never takes the key of an earlier iteration, even one cut short before that
+        worker's predecessor started. An iteration in the main process gets a key of its own."""
         self._iterations += 1
         info = get_worker_info()
         if info is None:
             return int.from_bytes(os.urandom(8), "little") >> 1, 0, 1
         base = (int(info.seed) - int(info.id)) % 2**64
-        digest = hashlib.blake2b(f"{base}/{self._iterations}".encode(), digest_size=8).digest()
+        # () for a worker that is a thread of the main process: its iterator has no batch.
+        number = multiprocessing.current_process()._identity
+        batch = (*number[:-1], number[-1] - int(info.id)) if number else ()
+        text = f"{base}/{self._iterations}/{batch}"
+        digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") >> 1, int(info.id), int(info.num_workers)
 
     def _begin_iteration(self) -> tuple[int, int, int, int, str | None]:
@@ -643,6 +669,8 @@ class ShardedStream(IterableDataset[Any]):
         _frameworks.check_not_resharded(self, *splitter)
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            _watchdog.watch_trainer()  # a worker ends with its trainer (persistent ones too)
         key, epoch, cursor, lanes, repeat = self._begin_iteration()
         if info is None:
             _distributed.check(self)
@@ -753,7 +781,7 @@ class ShardedStream(IterableDataset[Any]):
         """
         readers = _reader_states(state)
         if readers:
-            state = _merge_readers(readers, _steps_since_snapshot(state))
+            state = _merge_readers(readers, _steps_since_snapshot(state), _loader_finished(state))
         lanes = self._saved_lanes(state)
         epoch, cursor, _ = _state.check(state, self._config(lanes))
         if self._epoch_chosen and self.epoch > epoch and not self._lengths(cursor)[1]:
@@ -1001,16 +1029,19 @@ class _StreamIterator(Iterator[Any]):
         """The epoch's positions consumed by every rank once this reader's latest item is:
         at the k-th item of every rank, all positions before k * W. Once the rank's last
         batch is taken and the pass has ended here (a DataLoader's fetch of a short last batch
-        ends with the iterator's StopIteration), that step's batches of every rank are: with
+        ends with the iterator's StopIteration), the whole pass is, every rank's: with
         ``pad=False`` a rank's share can be an item shorter than another's, its last batch
-        short of ``batch_size``, and the step still ends where the longest rank's batch does.
+        short of ``batch_size`` or a whole step behind the longest rank's last one.
         Before the StopIteration the rank may be stepping item by item (``state_dict`` after
         any item, without a DataLoader), and the other ranks at their k-th item too."""
         s = self.stream
         count, total = s._lengths(self.cursor)
         consumed = self._consumed(self.yielded)
         if consumed == count and self.done:
-            consumed = -(-count // s.batch_size) * s.batch_size
+            # Every step of this rank is taken and its loop has ended: with pad=False another
+            # rank may still take a step more (7 items, 2 ranks, batch 3: two steps and one),
+            # which a resume from this state must not read again.
+            return self.cursor + total
         return self.cursor + min(consumed * s.num_replicas, total)
 
     def _next_places(self) -> list[list[int]]:
@@ -1144,9 +1175,19 @@ def _steps_since_snapshot(state: Any) -> int:
     return steps if type(steps) is int and steps >= 0 else 0
 
 
-def _merge_readers(readers: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+def _loader_finished(state: Any) -> bool:
+    """Whether a torchdata StatefulDataLoader state was saved after the loader's iteration
+    ended (its workers' snapshots are those of their last batches, before they ran out)."""
+    return isinstance(state, dict) and state.get("_iterator_finished") is True
+
+
+def _merge_readers(
+    readers: list[dict[str, Any]], steps: int, finished: bool = False
+) -> dict[str, Any]:
     """One rank- and worker-free state from the readers' states of one loader: the readers
-    deliver their batches in turn, so the one furthest along holds the loader's position."""
+    deliver their batches in turn, so the one furthest along holds the loader's position.
+    ``finished``: the loader's iteration ended, so this rank's pass did, and the state is the
+    pass's end (with ``pad=False`` another rank may take a step more than this one)."""
     epochs = {r["epoch"] for r in readers}
     if len(epochs) != 1:
         raise ValueError(f"the loader's readers are at different epochs {sorted(epochs)}")
@@ -1159,5 +1200,5 @@ def _merge_readers(readers: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         r = best["reader"]
         cursor += steps * r["batch_size"] * r["num_replicas"]
     state = {key: value for key, value in best.items() if key != "reader"}
-    state["cursor"] = min(cursor, best["rows"])
+    state["cursor"] = best["rows"] if finished else min(cursor, best["rows"])
     return state

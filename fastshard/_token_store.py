@@ -78,6 +78,20 @@ def _lengths_from_offsets(parts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def _megatron_prefix(path: str) -> str:
+    """The prefix of a Megatron-LM pair named by its prefix, its ``.bin`` or its ``.idx``."""
+    if os.path.exists(path + ".idx"):
+        return path  # a prefix, even one that itself ends in .bin or .idx
+    stem, suffix = os.path.splitext(path)
+    if suffix in (".bin", ".idx") and os.path.exists(stem + ".idx"):
+        return stem
+    tried = f"{path}.idx" + (f" nor {stem}.idx" if suffix in (".bin", ".idx") else "")
+    raise FileNotFoundError(
+        f"TokenStore.megatron({path!r}): found no Megatron-LM index {tried}: pass the prefix, "
+        "the path of the .bin and .idx pair without its suffix (as Megatron-LM's --data-path)"
+    )
+
+
 class TokenStore:
     """Documents of token ids, read in place from a store, with the store's own dtype.
 
@@ -147,6 +161,7 @@ class TokenStore:
         ----------
         prefix : str or os.PathLike
             The path without ``.bin`` / ``.idx``, as Megatron-LM's ``--data-path`` takes it.
+            The path of the ``.bin`` or the ``.idx`` names the same pair.
 
         Returns
         -------
@@ -156,13 +171,14 @@ class TokenStore:
         ------
         ValueError
             A file that is not a version-1 Megatron index, a truncated index, a ``.bin``
-            whose size is not a whole number of tokens, or a floating-point dtype code.
+            whose size is not where the index's last sequence ends (another corpus's, or one
+            written with another dtype), or a floating-point dtype code.
         FileNotFoundError
             ``prefix.idx`` or ``prefix.bin`` is missing.
         """
         if not _is_path(prefix):
             raise TypeError(f"prefix must be a path, got {type(prefix).__name__}")
-        return cls._make("megatron", (os.fspath(prefix),))
+        return cls._make("megatron", (_megatron_prefix(os.fspath(prefix)),))
 
     @classmethod
     def arrow(cls, column: Any, name: str | None = None) -> TokenStore:
@@ -279,6 +295,23 @@ class TokenStore:
             raise ValueError(
                 f"{binp} holds {bin_size} bytes, not a whole number of {dt} tokens: it is not "
                 f"the .bin of {idx}"
+            )
+        # Megatron writes the sequences back to back from byte 0, so the last one ends where
+        # the .bin does: one comparison catches a .bin of another corpus or another dtype
+        # (which would otherwise give garbage ids for every document).
+        end = int(pointers[-1]) + int(lengths[-1]) * dt.itemsize
+        if int(pointers[0]) != 0 or end != bin_size:
+            hint = ""
+            for width in (1, 2, 4, 8):
+                if width != dt.itemsize and end * width == bin_size * dt.itemsize:
+                    hint = (
+                        f"; its size is that of the same tokens as {width}-byte tokens: a .bin "
+                        f"written with another dtype than the index's"
+                    )
+            raise ValueError(
+                f"{binp} holds {bin_size} bytes, but {idx} says its {seqs} sequences of dtype "
+                f"{dt} start at byte {int(pointers[0])} and end at byte {end}: it is not the "
+                f".bin of this index{hint}"
             )
         tokens = np.memmap(binp, dtype=dt, mode="r") if bin_size else np.empty(0, dt)
         self.dtype = dt

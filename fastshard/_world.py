@@ -52,10 +52,15 @@ def resolve(num_replicas: object, rank: object) -> tuple[int, int]:
         r = _validate.integer(rank, "rank")
         r_from = ""
     # torch has no check of its own for num_replicas: below 1 its rank check fails, so its
-    # message is the invalid rank one; above 2**63 - 1 it says nothing (we cannot take it).
+    # message is the invalid rank one ("in the interval [0, -1]"), which blames the rank, so
+    # ours comes first there and torch's words follow for code that searches them; above
+    # 2**63 - 1 it says nothing (we cannot take it).
     torch_says = f"Invalid rank {r}, rank should be in the interval [0, {w - 1}]"
     if w < 1:
-        raise ValueError(f"{torch_says}: num_replicas must be at least 1, got {w}{w_from}")
+        raise ValueError(
+            f"num_replicas must be at least 1, got {w}{w_from} (torch's DistributedSampler "
+            f"reports it as: {torch_says})"
+        )
     if w > _validate.MAX_LENGTH:
         raise ValueError(f"num_replicas must be in [1, 2**63 - 1], got {w}{w_from}")
     if not 0 <= r < w:

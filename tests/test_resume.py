@@ -44,10 +44,9 @@ def run_interrupted(n, W, W2, k, **kw):
     consumed = [consume(s, k) for s in old]
     state = json.loads(json.dumps(old[0].state_dict()))
     for s in old[1:]:
-        # Every rank saves the same state -- except, with pad=False, a rank whose shorter
-        # shard already ran out, which cannot tell step len(shard) from the step after it.
-        if k <= len(s):
-            assert s.state_dict() == state
+        # Every rank saves the same state, also with pad=False a rank whose shorter shard
+        # already ran out: the step after its last is the epoch's end (its iterator ended).
+        assert s.state_dict() == state
     new = [make(n, W2, r, **kw) for r in range(W2)]
     for s in new:
         s.set_epoch(0)  # load_state_dict must restore the epoch itself
@@ -212,6 +211,41 @@ def test_batch_sampler_resumes_at_batch_granularity(drop_last, W2):
     flat = Counter(i for part in taken + rest for batch in part for i in batch)
     if not drop_last:
         assert sorted(flat) == list(range(103))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_pad_false_state_at_the_end_of_a_rank_a_step_shorter(order):
+    """pad=False, 7 items, 2 ranks: rank 0 has 4 items and rank 1 has 3 (in batches of 3, two
+    steps and one). Once a rank's iteration has ended (its iterator ran out), its state is
+    the epoch's end, the shorter rank's too, and a resume reads nothing again. While it is
+    still at its last item, it is at the same step as rank 0, whose last item is to come."""
+    taken = []
+    for r in range(2):
+        sampler = make(7, 2, r, order=order, pad=False)
+        items = list(sampler)
+        taken += items
+        assert sampler.state_dict()["cursor"] == 7, r
+        assert sampler.state_dict(consumed=len(items))["cursor"] == 7, r
+        batches = BatchSampler(make(7, 2, r, order=order, pad=False), 3)
+        assert len(list(batches)) == 2 - r
+        assert batches.state_dict()["cursor"] == 7, r
+        rest = make(7, 1, 0, order=order, pad=False)
+        rest.load_state_dict(sampler.state_dict())
+        assert list(rest) == [], r
+    assert sorted(taken) == list(range(7))
+    # A rank with no item (1 item, 2 ranks): its loop ends at once, at the epoch's end.
+    empty = make(1, 2, 1, order=order, pad=False)
+    assert list(empty) == [] and empty.state_dict()["cursor"] == 1
+    # Rank 1 at its 3rd and last item, its iteration not ended: step 3 of both ranks, and
+    # rank 0's 4th item is still to come.
+    heads = []
+    for r in range(2):
+        sampler = make(7, 2, r, order=order, pad=False)
+        it = iter(sampler)
+        heads += [next(it) for _ in range(3)]
+    rest = make(7, 1, 0, order=order, pad=False)
+    rest.load_state_dict(sampler.state_dict())
+    assert sorted(heads + list(rest)) == list(range(7))
 
 
 # -- torchdata's StatefulDataLoader ---------------------------------------------------------------

@@ -7,6 +7,8 @@ import copy
 import json
 import os
 import pickle
+import subprocess
+import sys
 import time
 import warnings
 from collections import Counter
@@ -346,6 +348,23 @@ def test_pad_false_state_of_a_shorter_rank_at_its_last_batch(workers):
             rest.load_state_dict(state)
             assert rest.state_dict()["cursor"] == cursor, (n, state)
             assert sorted(taken + list(rest)) == list(range(n)), (n, state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pad_false_state_at_the_epoch_end_of_a_rank_a_step_shorter(workers):
+    """pad=False, 7 items, 2 ranks, batch 3: rank 0 takes two batches, rank 1 one (the
+    ranks are a step apart). Once a rank's loop over its loader has ended, its state is the
+    epoch's end, rank 1's too: a resume from it reads nothing again."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    for rank in range(2):
+        loader = StatefulDataLoader(
+            unpadded([7], 3, 2, rank), batch_size=3, num_workers=workers, collate_fn=collate
+        )
+        assert sum(len(batch) for batch in loader) == 4 - rank
+        rest = unpadded([7], 3, 1, 0)
+        rest.load_state_dict(loader.state_dict())
+        assert rest.state_dict()["cursor"] == 7 and list(rest) == [], rank
 
 
 def test_pad_false_state_item_by_item_on_a_shorter_rank():
@@ -791,6 +810,70 @@ def test_copies_get_a_shared_board_of_their_own():
     assert [x[:2] for b in loader for x in b] == firsts[0] == firsts[1]
 
 
+def _worker_one_never_starts(worker_id: int) -> None:
+    if worker_id == 1:
+        time.sleep(120)  # the DataLoader ends this worker at shutdown, before it iterates
+
+
+def _late_worker_zero(worker_id: int) -> None:
+    if worker_id == 0:
+        time.sleep(1.0)  # worker 1 reaches the epoch board first
+
+
+def test_auto_epoch_worker_that_never_started_an_iteration_cut_short():
+    """Two loaders seeded identically give their iterations the same key. The first
+    iteration is cut short before its worker 1 started; in the next one worker 1 comes
+    first: it starts the next epoch (the entry of the ended iteration is closed to it), and
+    worker 0 joins it, so the iteration reads one epoch, every item once."""
+    kw = dict(batch_size=4, lanes=4, window=2)
+    stream = ShardedStream(SMALL, Rows(), num_replicas=1, rank=0, seed=4, auto_epoch=True, **kw)
+
+    def loader(init):
+        return DataLoader(
+            stream,
+            batch_size=4,
+            num_workers=2,
+            collate_fn=collate,
+            worker_init_fn=init,
+            generator=torch.Generator().manual_seed(7),
+            timeout=60,
+        )
+
+    it = iter(loader(_worker_one_never_starts))
+    first = [x[:2] for x in next(it)]  # worker 0's first batch of epoch 0
+    del it  # shuts the workers down; worker 1 is still asleep in its init
+    assert first == _epoch_order(0, **kw)[:4]
+    second = [x[:2] for b in loader(_late_worker_zero) for x in b]
+    assert second == _epoch_order(1, **kw)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="zombies as /proc shows them")
+def test_a_lock_holder_that_died_unreaped_frees_the_epoch_board(monkeypatch):
+    """A process that died holding the board's lock, but that its parent has not reaped yet
+    (a zombie), holds nothing: set_epoch takes the lock at once instead of waiting out the
+    timeout and raising."""
+    stream = make(1, 0)
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 30
+    while _proc_state(child.pid) != "Z":  # exited, not reaped: child.wait() is not called
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    try:
+        monkeypatch.setattr(type(stream._board), "LOCK_TIMEOUT", 5.0)
+        stream._board.words[0] = child.pid  # it died inside the lock
+        t0 = time.monotonic()
+        stream.set_epoch(1)
+        assert time.monotonic() - t0 < 2
+        assert stream.epoch == 1 and stream._board.words[0] == 0
+    finally:
+        child.wait()
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 START_METHOD_CHILD = r"""
 import json, sys, time
 from torch.utils.data import DataLoader
@@ -843,9 +926,6 @@ def test_auto_epoch_workers_agree_under_spawn_and_forkserver(tmp_path, method, p
     """Workers that receive the stream by pickle (spawn, forkserver) share its epoch board:
     every worker of an iteration reads the iteration's epoch (worker 1 starts late), and
     each iteration the next epoch."""
-    import subprocess
-    import sys
-
     script = tmp_path / "child.py"
     script.write_text(START_METHOD_CHILD)
     proc = subprocess.run(

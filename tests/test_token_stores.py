@@ -149,6 +149,55 @@ def test_megatron_bad_files(tmp_path):
         TokenStore.megatron(tmp_path / "missing")
 
 
+def _as_uint16_index(idx: bytes) -> bytes:
+    """The fixture's int32 index rewritten as a uint16 corpus's: dtype code 8 and byte
+    pointers halved (the index Megatron writes for the same documents at uint16)."""
+    seqs = int.from_bytes(idx[18:26], "little")
+    at = 34 + 4 * seqs
+    pointers = np.frombuffer(idx, np.int64, seqs, at) // 2
+    return idx[:17] + bytes([8]) + idx[18:at] + pointers.tobytes() + idx[at + 8 * seqs :]
+
+
+def test_megatron_bin_that_is_not_the_indexs(tmp_path):
+    """A .bin whose size is not where the index's last sequence ends is refused at
+    construction, with both sizes; a .bin of another dtype is named as the likely cause."""
+    idx, binp = FIXTURE.with_suffix(".idx").read_bytes(), FIXTURE.with_suffix(".bin").read_bytes()
+
+    def store(idx_bytes: bytes, bin_bytes: bytes) -> TokenStore:
+        (tmp_path / "x.idx").write_bytes(idx_bytes)
+        (tmp_path / "x.bin").write_bytes(bin_bytes)
+        return TokenStore.megatron(tmp_path / "x")
+
+    assert store(idx, binp).lengths.sum() * 4 == len(binp)  # the pair itself is fine
+    # An int32 .bin beside the uint16 index of the same documents: twice the bytes.
+    wrong_dtype = r"dtype uint16.*not the \.bin of this index.*4-byte tokens"
+    with pytest.raises(ValueError, match=wrong_dtype):
+        store(_as_uint16_index(idx), binp)
+    with pytest.raises(ValueError, match=rf"holds {len(binp) + 8} bytes.* end at byte {len(binp)}"):
+        store(idx, binp + bytes(8))  # longer
+    with pytest.raises(ValueError, match=rf"holds {len(binp) - 8} bytes.* end at byte {len(binp)}"):
+        store(idx, binp[:-8])  # shorter, still whole tokens
+
+
+def test_megatron_path_with_a_suffix(tmp_path):
+    """The .bin or the .idx path names the pair as well as the prefix; a path that names
+    neither says to pass the prefix."""
+    prefix = FIXTURE
+    want = TokenStore.megatron(prefix).lengths.tolist()
+    for path in (f"{prefix}.bin", f"{prefix}.idx", prefix.with_suffix(".bin")):
+        store = TokenStore.megatron(path)
+        assert store.lengths.tolist() == want
+        # The store names (and workers reopen) the pair by its prefix.
+        assert repr(store).startswith(f"TokenStore.megatron({str(prefix)!r},")
+    with pytest.raises(FileNotFoundError, match=r"missing\.idx.*pass the prefix"):
+        TokenStore.megatron(tmp_path / "missing.bin")
+    # A prefix that itself ends in .bin is still a prefix when its pair exists.
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"c.bin{suffix}").write_bytes(FIXTURE.with_suffix(suffix).read_bytes())
+    store = TokenStore.megatron(tmp_path / "c.bin")
+    assert repr(store).startswith(f"TokenStore.megatron({str(tmp_path / 'c.bin')!r},")
+
+
 # -- Arrow columns -------------------------------------------------------------------------------
 def test_pyarrow_list_arrays_zero_copy():
     pa = pytest.importorskip("pyarrow")

@@ -23,6 +23,7 @@ struct ShardIterObject {
     std::uint64_t stop;
     std::uint32_t pos;  // next buffered item to hand out
     std::uint32_t len;  // buffered items
+    bool ended;         // whether it raised StopIteration: the loop over it has ended
     std::int64_t buffer[kBuffer];
 };
 
@@ -40,7 +41,10 @@ void iter_dealloc(PyObject* self) {
 // tail call to PyLong_FromLongLong, without saving registers for the call into the shard.
 // Returns false with a Python exception set, or at the end with none set.
 [[gnu::noinline]] bool refill(ShardIterObject* it) {
-    if (it->next >= it->stop) return false;  // StopIteration
+    if (it->next >= it->stop) {  // StopIteration
+        it->ended = true;
+        return false;
+    }
     const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBuffer, it->stop - it->next));
     // A C++ exception must not unwind into CPython, which called this slot directly (no
     // pybind11 dispatch to translate it): it becomes a Python exception here, and the
@@ -75,6 +79,10 @@ PyObject* iter_position(PyObject* self, void*) {
     return PyLong_FromUnsignedLongLong(position_of(reinterpret_cast<ShardIterObject*>(self)));
 }
 
+PyObject* iter_ended(PyObject* self, void*) {
+    return PyBool_FromLong(reinterpret_cast<ShardIterObject*>(self)->ended);
+}
+
 PyObject* iter_length_hint(PyObject* self, PyObject*) {
     auto* it = reinterpret_cast<ShardIterObject*>(self);
     return PyLong_FromUnsignedLongLong(it->stop - position_of(it));
@@ -83,6 +91,8 @@ PyObject* iter_length_hint(PyObject* self, PyObject*) {
 PyGetSetDef iter_getset[] = {
     {"position", iter_position, nullptr,
      "Index within the shard of the next item this iterator yields.", nullptr},
+    {"ended", iter_ended, nullptr,
+     "Whether it raised StopIteration (a loop asked for more than the shard holds).", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyMethodDef iter_methods[] = {
@@ -112,6 +122,7 @@ py::object make_shard_iterator(std::shared_ptr<const fastshard::Shard> shard, st
     it->stop = stop;
     it->pos = 0;
     it->len = 0;
+    it->ended = false;
     return py::reinterpret_steal<py::object>(obj);
 }
 
