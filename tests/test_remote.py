@@ -8,6 +8,7 @@ fastshard ships with (botocore for s3://).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -301,9 +302,16 @@ def test_cache_stays_under_its_bound_and_serves_the_next_epoch(
 
     def watch() -> None:
         while not done.is_set():
-            if folder.exists():
+            if not (folder / ".lock").exists():
+                time.sleep(0.002)
+                continue
+            # Under the cache's own lock, which every writer holds while it makes room and
+            # writes: a consistent view of the folder, not a listing that races the writes.
+            with open(folder / ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
                 size = sum(f.stat().st_size for f in folder.glob("*.blk"))
-                peak[0] = max(peak[0], size)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            peak[0] = max(peak[0], size)
             time.sleep(0.002)
 
     t = threading.Thread(target=watch)
