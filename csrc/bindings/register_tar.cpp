@@ -1,5 +1,6 @@
 // Tar shards (fastshard/tar.hpp): the header scan, the skip to a sample and the cut of a block into
 // samples. Files are read by file descriptor (pread) or through a Python file object.
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <exception>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #ifdef _WIN32
 #include <io.h>
 #else
@@ -46,13 +48,34 @@ std::size_t pread_all(int fd, std::uint64_t off, char* buf, std::size_t n, const
     return total;
 }
 
+// No read reaches past `size`: a header's size can point anywhere up to 2**64, and an offset
+// past what the file system allows fails (EINVAL) instead of reading nothing.
+std::size_t clip(std::uint64_t size, std::uint64_t off, std::size_t n) {
+    if (off >= size) return 0;
+    return static_cast<std::size_t>(std::min<std::uint64_t>(n, size - off));
+}
+
 fastshard::ReadAt fd_reader(int fd, const std::string& path) {
-    return [fd, &path](std::uint64_t off, char* buf, std::size_t n) { return pread_all(fd, off, buf, n, path); };
+#ifdef _WIN32
+    struct _stat64 st;
+    if (_fstat64(fd, &st) != 0) throw OsError(errno, path);
+#else
+    struct stat st;
+    if (::fstat(fd, &st) != 0) throw OsError(errno, path);
+#endif
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    return [fd, &path, size](std::uint64_t off, char* buf, std::size_t n) {
+        n = clip(size, off, n);
+        return n == 0 ? std::size_t{0} : pread_all(fd, off, buf, n, path);
+    };
 }
 
 // Reads through a Python file object (seek + readinto), taking the GIL for each call.
-fastshard::ReadAt file_reader(const py::object& f) {
-    return [&f](std::uint64_t off, char* buf, std::size_t n) -> std::size_t {
+// `size`: the file's length (seek to its end), taken with the GIL held.
+fastshard::ReadAt file_reader(const py::object& f, std::uint64_t size) {
+    return [&f, size](std::uint64_t off, char* buf, std::size_t n) -> std::size_t {
+        n = clip(size, off, n);
+        if (n == 0) return 0;
         py::gil_scoped_acquire gil;
         f.attr("seek")(off);
         std::size_t total = 0;
@@ -111,8 +134,9 @@ void with_source(const py::object& source, const std::string& path, Fn&& fn) {
         const int fd = source.cast<int>();
         run_released(path, [&] { fn(fd_reader(fd, path)); });
     } else {
+        const std::uint64_t size = source.attr("seek")(0, 2).cast<std::uint64_t>();
         // The reads take the GIL back; releasing it here lets them run in turn with other threads.
-        run_released(path, [&] { fn(file_reader(source)); });
+        run_released(path, [&] { fn(file_reader(source, size)); });
     }
 }
 

@@ -157,10 +157,31 @@ bool split_member_name(std::string_view name, std::string_view& key, std::string
     }
 }
 
+void TarWalker::advance(std::uint64_t size, const char* what) {
+    // A size field can hold up to 2**88 (base-256): the offset must not wrap back to an
+    // earlier header, which would walk the same headers forever.
+    const std::uint64_t span = padded(size);
+    if (span > ~std::uint64_t{0} - pos_)
+        throw TarFormatError(std::string(what) + " at byte " + std::to_string(pos_) + " has a size (" +
+                             std::to_string(size) + ") that runs past the end of the file");
+    pos_ += span;
+}
+
 bool TarWalker::header(char* block, bool subsequent) {
     const std::size_t got = read_(pos_, block, kBlock);
     const bool first = first_;
     first_ = false;
+    if (got == 0 && data_end_ == pos_ && pos_ > 0) {
+        // Nothing where the next header would be: the file must still hold the last byte of
+        // the member before (tarfile reads it to tell a complete archive without end blocks
+        // from a cut one).
+        char last = 0;
+        if (read_(pos_ - 1, &last, 1) == 0)
+            throw TarFormatError("the file ends inside the data of member '" + data_name_ +
+                                 "' (cut short? the member needs " + std::to_string(pos_) +
+                                 " bytes of file)");
+    }
+    data_end_ = 0;
     if (got < kBlock) {
         if (first && got == 0) throw NotTarError("empty file");
         if (first) throw NotTarError("truncated header");
@@ -196,7 +217,6 @@ bool TarWalker::next(TarMember& m) {
         number(b + 124, 12, size);  // checked in header()
         pos_ += kBlock;
         if (type == 'L' || type == 'K' || type == 'x' || type == 'X' || type == 'g') {
-            const std::uint64_t span = padded(size);
             if (type == 'L' || type == 'x' || type == 'X') {
                 if (size > kMaxExtension) throw TarFormatError("extension header too large");
                 std::string data(static_cast<std::size_t>(size), '\0');
@@ -211,9 +231,9 @@ bool TarWalker::next(TarMember& m) {
                     pax_records(data, long_name, has_name, size_override, has_size);
                 }
             }
-            if (type == 'g' && !extended) m.header = pos_ + span;  // global headers are skipped
+            advance(size, "an extension header");
+            if (type == 'g' && !extended) m.header = pos_;  // global headers are skipped
             if (type != 'g') extended = true;
-            pos_ += span;
             subsequent = true;
             continue;
         }
@@ -238,7 +258,11 @@ bool TarWalker::next(TarMember& m) {
         const bool known_empty = dir || (type >= '1' && type <= '6');
         m.data = pos_;
         m.size = size;
-        if (!known_empty) pos_ += padded(size);
+        if (!known_empty && size > 0) {
+            data_name_ = m.name;
+            advance(size, ("member '" + m.name + "'").c_str());
+            data_end_ = pos_;
+        }
         m.next = pos_;
         return true;
     }
@@ -343,7 +367,8 @@ std::vector<TarSample> parse_tar_block(const char* buf, std::size_t n, const std
         const int kind = group.add(m, true);
         if (kind < 0) continue;
         if (m.data > n || m.size > n - m.data)
-            throw TarFormatError(name + ": member '" + m.name + "' runs past the end of the file");
+            throw TarFormatError(name + ": the file ends inside the data of member '" + m.name +
+                                 "' (cut short?)");
         if (kind == 1) out.push_back(TarSample{group.key(), {}});
         out.back().fields.push_back(TarField{group.ext(), m.data, m.size});
     }

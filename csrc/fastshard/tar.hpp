@@ -48,14 +48,22 @@ public:
         : read_(read), pos_(offset), first_(archive_start) {}
 
     // The next member, or false at the end of the archive (a zero block, a short or invalid
-    // header after the first). Throws NotTarError when the archive's first header is invalid.
+    // header after the first). Throws NotTarError when the archive's first header is invalid,
+    // and TarFormatError when a member's data runs past the end of the file (tarfile's
+    // "unexpected end of data") or past the largest offset there is. The offset grows by at
+    // least a block each step, so every walk ends.
     bool next(TarMember& m);
 
 private:
     bool header(char* block, bool subsequent);
+    void advance(std::uint64_t size, const char* what);
     const ReadAt& read_;
     std::uint64_t pos_;
     bool first_;
+    // Where the latest member's data ended (0: no data) and its name: the file must reach
+    // that far, as tarfile checks before it reads the next header.
+    std::uint64_t data_end_ = 0;
+    std::string data_name_;
 };
 
 // A member name split as webdataset splits it; false for members that are not sample fields.
