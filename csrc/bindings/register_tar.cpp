@@ -94,6 +94,15 @@ fastshard::ReadAt file_reader(const py::object& f, std::uint64_t size) {
 PyObject* not_tar_error = nullptr;
 PyObject* tar_format_error = nullptr;
 
+// Sets a Python error whose message may hold bytes of a member name that are not UTF-8.
+void set_error(PyObject* type, const std::string& message) {
+    PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<py::ssize_t>(message.size()),
+                                          "backslashreplace");
+    if (text == nullptr) return;  // the decode's own error stands
+    PyErr_SetObject(type, text);
+    Py_DECREF(text);
+}
+
 // Raises a stored error of the tar code as the matching Python exception (with the GIL held).
 // Its message is prefixed with `path` unless it names the file already (or `path` is empty).
 [[noreturn]] void raise_tar_error(std::exception_ptr error, const std::string& path) {
@@ -106,9 +115,9 @@ PyObject* tar_format_error = nullptr;
         errno = e.err;
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, e.path.c_str());
     } catch (const fastshard::NotTarError& e) {
-        PyErr_SetString(not_tar_error, named(e.what()).c_str());
+        set_error(not_tar_error, named(e.what()));
     } catch (const fastshard::TarFormatError& e) {
-        PyErr_SetString(tar_format_error, named(e.what()).c_str());
+        set_error(tar_format_error, named(e.what()));
     }
     throw py::error_already_set();
 }
@@ -259,8 +268,8 @@ py::list samples(const py::buffer& block, const py::object& url, const std::stri
             py::object ext = py::reinterpret_steal<py::object>(raw);
             if (!ascii(f.ext)) ext = ext.attr("lower")();  // Python's lower-casing, as webdataset's
             if (d.contains(ext)) {
-                PyErr_SetString(tar_format_error, (path + ": sample '" + s.key + "' has two members with extension '" +
-                                                         f.ext + "'").c_str());
+                set_error(tar_format_error,
+                          path + ": sample '" + s.key + "' has two members with extension '" + f.ext + "'");
                 throw py::error_already_set();
             }
             d[ext] = py::bytes(buf + f.data, static_cast<py::ssize_t>(f.size));

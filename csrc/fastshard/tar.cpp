@@ -23,38 +23,72 @@ std::string_view field(const char* p, std::size_t n) {
     return {p, len};
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+// Python's str.strip() on ASCII text.
+bool is_space(char c) {
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f');
+}
 
-// A number field (tarfile's nti): octal text, or base-256 when the first byte is 0x80.
-// False where tarfile finds the header invalid (and for negative base-256 numbers, which no
-// size or checksum may be).
+// A number outside [0, 2**64 - 1): negative, or too large for any file.
+constexpr std::uint64_t kOutOfRange = ~std::uint64_t{0};
+
+// A number field (tarfile's nti): octal text, or base-256 when the first byte is 0x80 (0xff:
+// negative). False where tarfile finds the header invalid; kOutOfRange for a valid field whose
+// number no size or checksum can be (tarfile takes it, then fails to seek past it).
 bool number(const char* p, std::size_t n, std::uint64_t& out) {
     const auto c0 = static_cast<unsigned char>(p[0]);
     if (c0 == 0x80 || c0 == 0xff) {
-        if (c0 == 0xff) return false;
+        out = kOutOfRange;
+        if (c0 == 0xff) return true;
         std::uint64_t v = 0;
         for (std::size_t i = 1; i < n; ++i) {
-            if (v >> 56) return false;
+            if (v >> 56) return true;
             v = (v << 8) | static_cast<unsigned char>(p[i]);
         }
+        if (v == kOutOfRange) return true;
         out = v;
         return true;
     }
+    // int(text.strip() or "0", 8): a sign, a "0o" prefix and single underscores between
+    // digits (or after the prefix) are valid too.
     std::string_view s = field(p, n);
     while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
     while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-    std::uint64_t v = 0;
-    for (char c : s) {
-        if (c < '0' || c > '7' || (v >> 60)) return false;
-        v = v * 8 + static_cast<std::uint64_t>(c - '0');
+    bool negative = false;
+    if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
+        negative = s.front() == '-';
+        s.remove_prefix(1);
+        if (s.empty()) return false;
     }
-    out = v;
+    bool underscore_ok = false;  // an underscore may come next
+    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'o' || s[1] == 'O')) {
+        s.remove_prefix(2);
+        if (s.empty()) return false;
+        underscore_ok = true;
+    }
+    std::uint64_t v = 0;
+    bool big = false;
+    bool last_underscore = false;
+    for (char c : s) {
+        if (c == '_') {
+            if (!underscore_ok) return false;
+            underscore_ok = false;
+            last_underscore = true;
+            continue;
+        }
+        if (c < '0' || c > '7') return false;
+        if (v >> 60) big = true;
+        v = v * 8 + static_cast<std::uint64_t>(c - '0');
+        underscore_ok = true;
+        last_underscore = false;
+    }
+    if (last_underscore) return false;
+    out = (big || (negative && v != 0) || v == kOutOfRange) ? kOutOfRange : v;
     return true;
 }
 
 bool checksum_ok(const char* b) {
     std::uint64_t stored = 0;
-    if (!number(b + 148, 8, stored)) return false;
+    if (!number(b + 148, 8, stored) || stored == kOutOfRange) return false;
     // tarfile accepts the sum of the bytes read as unsigned or as signed chars, with the
     // checksum field itself counted as 8 spaces.
     std::int64_t u = 256;
@@ -73,25 +107,46 @@ bool all_zero(const char* b) {
     return true;
 }
 
-// pax records "LEN KEY=VALUE\n": the path and size a member's 'x' header gives it.
-void pax_records(const std::string& buf, std::string& path, bool& has_path, std::uint64_t& size,
-                 bool& has_size) {
+// What one pax header says of the member after it (the last record of a key wins).
+struct PaxRecords {
+    std::string path;
+    bool has_path = false;
+    std::uint64_t size = 0;
+    bool has_size = false;
+};
+
+// pax records "LEN KEY=VALUE\n", parsed as tarfile parses them (its regex r"(\d+) ([^=]+)=",
+// the value sliced up to the record's end and clamped to the buffer). Records that would give
+// every following member a path or size ('g' headers) or describe a sparse file are refused
+// rather than read differently from tarfile.
+PaxRecords pax_records(const std::string& buf, bool global) {
+    PaxRecords out;
     std::size_t pos = 0;
     while (pos < buf.size()) {
         std::size_t i = pos;
         std::uint64_t len = 0;
-        while (i < buf.size() && buf[i] >= '0' && buf[i] <= '9' && len < (std::uint64_t{1} << 40))
-            len = len * 10 + static_cast<std::uint64_t>(buf[i++] - '0');
-        if (i == pos || i >= buf.size() || buf[i] != ' ' || len == 0) break;
+        bool huge = false;  // past any buffer: the value runs to the buffer's end
+        for (; i < buf.size() && buf[i] >= '0' && buf[i] <= '9'; ++i) {
+            if (len >= (std::uint64_t{1} << 40)) huge = true;
+            else len = len * 10 + static_cast<std::uint64_t>(buf[i] - '0');
+        }
+        if (i == pos || i >= buf.size() || buf[i] != ' ') break;
         const std::size_t eq = buf.find('=', i + 1);
-        const std::uint64_t end = pos + len;  // one past the record's "\n"
-        if (eq == std::string::npos || eq + 1 > end || end > buf.size()) break;
+        if (eq == std::string::npos || eq == i + 1) break;
+        if (len == 0 && !huge) throw TarFormatError("pax header with a record of length 0");
+        const std::uint64_t end = huge ? ~std::uint64_t{0} : pos + len;  // past the "\n"
+        const std::size_t stop = static_cast<std::size_t>(std::min<std::uint64_t>(end - 1, buf.size()));
         const std::string key = buf.substr(i + 1, eq - i - 1);
-        const std::string value = buf.substr(eq + 1, end - 1 - (eq + 1));
-        if (key == "path" && !has_path) {
-            path = value;
-            has_path = true;
-        } else if (key == "size" && !has_size) {
+        const std::string value = stop > eq + 1 ? buf.substr(eq + 1, stop - eq - 1) : std::string();
+        if (key.rfind("GNU.sparse.", 0) == 0) throw TarFormatError("GNU sparse members are not supported");
+        if ((key == "path" || key == "size") && global)
+            throw TarFormatError("a global pax header sets '" + key +
+                                 "' for every member: not supported");
+        if (key == "path") {
+            out.path = value;
+            while (!out.path.empty() && out.path.back() == '/') out.path.pop_back();
+            out.has_path = true;
+        } else if (key == "size") {
             std::uint64_t v = 0;
             bool ok = !value.empty();
             for (char c : value) {
@@ -102,11 +157,13 @@ void pax_records(const std::string& buf, std::string& path, bool& has_path, std:
                 v = v * 10 + static_cast<std::uint64_t>(c - '0');
             }
             if (!ok) throw TarFormatError("pax header with an invalid size");
-            size = v;
-            has_size = true;
+            out.size = v;
+            out.has_size = true;
         }
+        if (end >= buf.size()) break;
         pos = static_cast<std::size_t>(end);
     }
+    return out;
 }
 
 char lower_ascii(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -193,11 +250,22 @@ bool TarWalker::header(char* block, bool subsequent) {
         return false;
     }
     std::uint64_t size = 0;
-    if (!checksum_ok(block) || !number(block + 124, 12, size)) {
+    // tarfile reads every number field of a header, and finds the header invalid when one
+    // is not a number.
+    static constexpr std::size_t kNumbers[][2] = {{100, 8}, {108, 8}, {116, 8}, {136, 12}, {329, 8}, {337, 8}};
+    bool numbers = true;
+    for (const auto& f : kNumbers) {
+        std::uint64_t ignored = 0;
+        numbers = numbers && number(block + f[0], f[1], ignored);
+    }
+    if (!checksum_ok(block) || !number(block + 124, 12, size) || !numbers) {
         if (first) throw NotTarError("bad checksum");
         if (subsequent) throw TarFormatError("invalid header after an extension header");
         return false;
     }
+    if (size == kOutOfRange)
+        throw TarFormatError("the header at byte " + std::to_string(pos_) +
+                             " gives a negative size or one of 2**64 bytes or more");
     return true;
 }
 
@@ -217,9 +285,11 @@ bool TarWalker::next(TarMember& m) {
         number(b + 124, 12, size);  // checked in header()
         pos_ += kBlock;
         if (type == 'L' || type == 'K' || type == 'x' || type == 'X' || type == 'g') {
-            if (type == 'L' || type == 'x' || type == 'X') {
+            if (type == 'L' || type == 'x' || type == 'X' || type == 'g') {
                 if (size > kMaxExtension) throw TarFormatError("extension header too large");
-                std::string data(static_cast<std::size_t>(size), '\0');
+                // The whole padded block, as tarfile reads it: a long name ends at its first
+                // NUL, which may lie past the size the header gives.
+                std::string data(static_cast<std::size_t>(padded(size)), '\0');
                 if (read_(pos_, data.data(), data.size()) < data.size())
                     throw TarFormatError("truncated extension header");
                 // The outermost of a chain of extension headers wins, as in tarfile.
@@ -228,7 +298,16 @@ bool TarWalker::next(TarMember& m) {
                     long_name.assign(n.data(), n.size());
                     has_name = true;
                 } else if (type != 'L') {
-                    pax_records(data, long_name, has_name, size_override, has_size);
+                    // The outermost header of a chain wins, key by key.
+                    const PaxRecords pax = pax_records(data, type == 'g');
+                    if (pax.has_path && !has_name) {
+                        long_name = pax.path;
+                        has_name = true;
+                    }
+                    if (pax.has_size && !has_size) {
+                        size_override = pax.size;
+                        has_size = true;
+                    }
                 }
             }
             advance(size, "an extension header");
