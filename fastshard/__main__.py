@@ -70,22 +70,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return _bench.main(args)
     if args.command == "index":
-        from . import _storage, readers
+        return _index_command(args)
+    parser.print_help(sys.stderr)
+    return 2
 
+
+def _index_command(args: argparse.Namespace) -> int:
+    import os
+
+    from . import _index, _storage, readers
+
+    try:
         paths: list[str] = []
         for shard in args.shards:
             if _storage.is_url(shard) and shard.endswith("/"):
                 listed = [u for u in _storage.list_prefix(shard) if u.endswith(".tar")]
                 if not listed:
-                    parser.error(f"no .tar objects under {shard}")
+                    raise ValueError(f"no .tar objects under {shard}")
                 paths += listed
             else:
                 paths.append(shard)
+        if not _storage.is_url(args.output):
+            # Before the scan: an output that would overwrite a shard, or has no folder,
+            # fails at once rather than after every shard's headers were read.
+            output = os.path.abspath(_storage.local_path(args.output))
+            _index.check_output(output, paths)
         shards = readers.write_tar_index(paths, args.output, index_every=args.index_every)
-        print(f"{args.output}: {len(shards.sizes)} shards, {int(shards.sizes.sum())} samples")
-        return 0
-    parser.print_help(sys.stderr)
-    return 2
+    except (OSError, ValueError) as err:
+        # A user's mistake (a missing shard, a damaged one, a wrong output): one line.
+        print(f"fastshard: error: {_one_line(err)}", file=sys.stderr)
+        return 1
+    print(f"{args.output}: {len(shards.sizes)} shards, {int(shards.sizes.sum())} samples")
+    return 0
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror and err.filename is not None:
+        return f"{err.filename}: {err.strerror}"
+    return " ".join(str(err).split())
 
 
 if __name__ == "__main__":

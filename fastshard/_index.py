@@ -71,7 +71,17 @@ class TarOffsets:
                     f"{self.where}: shard {s}'s offsets are not {hi - lo} base64 int64 "
                     "values: write the index again"
                 )
-            self.offsets[lo:hi] = np.frombuffer(raw, dtype="<i8")
+            values = np.frombuffer(raw, dtype="<i8")
+            end = int(self.ends[s])
+            # Each offset is a sample's first header: in order, and before the shard's end.
+            if len(values) and (
+                values[0] < 0 or values[-1] >= end or bool(np.any(np.diff(values) <= 0))
+            ):
+                raise ValueError(
+                    f"{self.where}: shard {s}'s offsets are not increasing byte offsets "
+                    f"in [0, {end}): the index is damaged; write the index again"
+                )
+            self.offsets[lo:hi] = values
             decoded[s] = True
         return self.offsets[lo:hi], int(self.ends[s])
 
@@ -107,11 +117,15 @@ def write_tar_index(
     storage: _storage.Options = _storage.DEFAULT,
 ) -> dict[str, Any]:
     """Write the index of tar shards to ``output`` (a path or URL; urls relative to its
-    folder where they are under it); returns it."""
+    folder where they are under it); returns it.
+
+    A local ``output`` may not be one of the shards, nor an existing file that is not a shard
+    index (``-o shards/*.tar`` makes the shell pass the first shard as the output)."""
     out = os.fspath(output)
     remote = _storage.is_url(out)
     if not remote:
         out = os.path.abspath(_storage.local_path(out))
+        check_output(out, paths)
     base = _storage.dirname(out)
     shardlist = []
     per_shard = []
@@ -147,6 +161,33 @@ def _relative(path: str, base: str) -> str:
     return os.path.relpath(os.path.abspath(path), base).replace(os.sep, "/")
 
 
+def check_output(out: str, paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse to write an index over one of its shards or over a file that is not an index."""
+    if not os.path.exists(out):
+        folder = os.path.dirname(out)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"{out}: the output's folder {folder} does not exist")
+        return
+    for p in paths:
+        p = os.fspath(p)
+        if _storage.is_url(p):
+            continue
+        p = _storage.local_path(p)
+        if os.path.abspath(p) == out or (os.path.exists(p) and os.path.samefile(p, out)):
+            raise ValueError(f"{out}: the output is one of the shards; name the index file")
+    try:
+        with open(out, "rb") as f:
+            doc = json.loads(f.read(64 << 20))
+        ok = isinstance(doc, dict) and doc.get("__kind__", KIND) == KIND and "shardlist" in doc
+    except (OSError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{out} exists and is not a shard index: fastshard writes an index over an older "
+            "index only; pass another output file (or remove this one)"
+        )
+
+
 def _resolve(url: str, base: str) -> str:
     if _storage.is_url(base) or _storage.is_url(url):
         return _storage.join(base, url)
@@ -161,15 +202,26 @@ def _resolve(url: str, base: str) -> str:
     return os.path.normpath(os.path.join(base, url))
 
 
+def _load_json(path: str, storage: _storage.Options = _storage.DEFAULT) -> Any:
+    """The JSON document at ``path`` (a path or URL); one that is not JSON is an error naming
+    it. Every index file is read here."""
+    raw = _storage.read_all(path, storage)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
 def read_tar_index(
     index: str | os.PathLike[str], storage: _storage.Options = _storage.DEFAULT
 ) -> TarIndex:
     """A ``wids-shard-index-v1`` file (a path or URL): counts always, seek offsets when
-    fastshard wrote it (checked for length here, decoded when each shard is first read)."""
+    fastshard wrote it (checked for length here, decoded and checked for order when each
+    shard is first read)."""
     path = os.fspath(index)
     if not _storage.is_url(path):
         path = os.path.abspath(_storage.local_path(path))
-    doc = json.loads(_storage.read_all(path, storage))
+    doc = _load_json(path, storage)
     if not isinstance(doc, dict) or not isinstance(doc.get("shardlist"), list):
         raise ValueError(f"{path}: not a shard index (no 'shardlist'; expected {KIND!r})")
     kind = doc.get("__kind__", KIND)
@@ -212,6 +264,13 @@ def read_tar_index(
             raise TypeError
     except (TypeError, KeyError, ValueError, OverflowError):
         raise ValueError(f"{path}: the 'fastshard' offsets are malformed") from None
+    for s, end in enumerate(ends.tolist()):
+        # An end past the file would be read as one block (a bare MemoryError at 2**62).
+        if end < 0 or (fsizes[s] >= 0 and end > fsizes[s]):
+            raise ValueError(
+                f"{path}: shard {s}'s end {end} lies outside its file of {int(fsizes[s])} "
+                "bytes: the index is damaged; write it again"
+            )
     # Each shard's number of offsets follows from its count; the text's length must agree.
     # (In Python: NumPy's first floor_divide and cumsum in a process cost 0.1 ms.)
     per_shard = (-(-n // every) for n in sizes)

@@ -107,7 +107,11 @@ class Shards(NamedTuple):
 def _paths(paths: Any) -> list[str]:
     if isinstance(paths, (str, bytes, os.PathLike)):
         raise TypeError("paths must be a sequence of paths, one per shard, not a single path")
-    return [os.fspath(p) for p in paths]
+    out = [os.fspath(p) for p in paths]
+    if not out:
+        # An empty stream would read nothing and say nothing.
+        raise ValueError("no shard paths given (a glob that matched nothing?)")
+    return out
 
 
 def _rows(shard: int, start: int, stop: int, sizes: np.ndarray) -> int:
@@ -437,6 +441,17 @@ class TarRead(_ShardRead, _Prefetch):
         """(offsets of every index_every-th sample, end of the last sample, samples held)."""
         if self.index is not None:
             offsets, end = self.index.shard(shard)
+            path = self.paths[shard]
+            have = -1
+            if self.storage is None:
+                pool = self.files()
+                with pool.lock:
+                    have = _handle_size(pool.get(path))
+            if have >= 0 and end > have:  # an index without file sizes: checked here
+                raise ValueError(
+                    f"{self.index.where}: shard {shard}'s end {end} lies past the end of "
+                    f"{path} ({have} bytes): the index is damaged; write it again"
+                )
             return offsets, end, int(self.sizes[shard])
         found = self._scanned.get(shard)
         if found is None:
@@ -452,6 +467,8 @@ class TarRead(_ShardRead, _Prefetch):
                         n, offs, end = _core.tar_scan(pool.get(path), self.index_every, path)
             except _core.NotTarError as err:
                 raise _not_tar(err) from None
+            if int(n) != int(self.sizes[shard]):
+                raise self._miscounted(shard, int(n))
             found = self._scanned[shard] = (offs, int(end), int(n))
         return found
 
@@ -486,7 +503,7 @@ class TarRead(_ShardRead, _Prefetch):
         every = self.index_every
         slot, last = start // every, -(-stop // every)
         if slot >= len(offsets):
-            return  # fewer samples than counted: ShardedStream names the shard
+            raise ValueError(f"shard {shard}: sample {start} has no offset in the shard index")
         lo, hi = self._span(shard, start, stop)
         src = self._fetcher().take(path, lo, hi)
         try:
@@ -497,16 +514,34 @@ class TarRead(_ShardRead, _Prefetch):
                 nxt = min(slot + step, last)
                 until = int(offsets[nxt]) if nxt < len(offsets) else end
                 if until <= at:
-                    return
+                    raise self._miscounted(shard, n)
                 block = src.read(until - at)
                 samples = _core.tar_samples(block, path, path)
                 del block
+                if len(samples) != min(nxt * every, held) - n:
+                    # Checked before yielding: no sample past the count is passed on.
+                    raise self._miscounted(shard, n + len(samples), at, until, end)
                 yield from samples[max(0, start - n) : stop - n]
-                if len(samples) < min(nxt * every, held) - n:
-                    return
                 n, slot, at = nxt * every, nxt, until
         finally:
             src.close()
+
+    def _miscounted(
+        self, shard: int, have: int, at: int = 0, until: int = 0, end: int = 0
+    ) -> ValueError:
+        """The error of a shard that holds ``have`` samples, not the count it was given (or,
+        when bytes ``[at, until)`` end before ``end``, holds another number up to ``until``)."""
+        source = getattr(self, "counted_by", "shard_sizes")
+        if until < end:
+            return ValueError(
+                f"{self.paths[shard]}: {have} samples up to byte {until}, where {source} and its "
+                "offsets put another number: the file changed after it was counted"
+            )
+        return ValueError(
+            f"{self.paths[shard]}: holds {have} samples, but {source} says "
+            f"{int(self.sizes[shard])}: the count must be the shard's exact number of samples "
+            "(a file changed after it was counted?)"
+        )
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         if start == stop:
@@ -519,12 +554,12 @@ class TarRead(_ShardRead, _Prefetch):
         offsets, end, held = self._offsets(shard)
         slot = start // every
         if slot >= len(offsets):
-            return  # fewer samples than counted: ShardedStream names the shard
+            raise ValueError(f"shard {shard}: sample {start} has no offset in the shard index")
         n, at = slot * every, int(offsets[slot])
         if n < start:
             at, passed = self._skip(path, at, start - n)
             if passed < start - n:
-                return
+                raise self._miscounted(shard, n + passed)
             n = start
         pool = self.files()
         while n < stop:
@@ -539,13 +574,14 @@ class TarRead(_ShardRead, _Prefetch):
             else:
                 until, _ = self._skip(path, at, target - n)
             if until <= at:
-                return
+                raise self._miscounted(shard, n)
             block = pool.read(path, at, until - at)
             samples = _core.tar_samples(block, path, path)
             del block
+            if len(samples) != target - n:
+                # Checked before yielding: no sample past the count is passed on.
+                raise self._miscounted(shard, n + len(samples), at, until, end)
             yield from samples[: stop - n]
-            if len(samples) < target - n:
-                return
             n, at = target, until
 
     def __repr__(self) -> str:
@@ -682,6 +718,13 @@ def tar_shards(
         filesizes,
         storage if remote else None,
     )
+    # Where the counts came from, for the error of a shard that holds another number.
+    if index is not None:
+        where = os.fspath(index)
+        where = where if _storage.is_url(where) else os.path.abspath(where)
+        read.counted_by = f"the shard index {where}"
+    else:
+        read.counted_by = "the scan" if sizes is None else "sizes="
     return Shards(arr, read)
 
 
@@ -841,6 +884,8 @@ class RowGroupCache:
             while self.bytes > self.max_bytes and len(self.groups) > 1:
                 self._drop(next(iter(self.groups)))
         out = rows[lo:hi]
+        if len(out) < hi - lo:  # fewer rows than counted: the caller names the file
+            return out
         if None in out:  # taken before in this pass (a padded epoch repeats rows)
             again: list[dict[str, Any]] = decode().slice(lo, hi - lo).to_pylist()
             self.decoded += 1
@@ -969,6 +1014,12 @@ class ParquetRead(_ShardRead, _Prefetch):
         size = int(self.sizes[shard])
         step = self.batch_rows
         row = start
+        path = self.paths[shard]
+        pool = self.files()
+        with pool.lock:  # the footer of the open file: a file rewritten since it was counted
+            have = int(pool.get(path).metadata.num_rows)
+        if have != size:
+            raise self._changed(path, have, size)
         while row < stop:
             g = int(np.searchsorted(starts, row, side="right")) - 1
             first = int(starts[g])
@@ -980,8 +1031,18 @@ class ParquetRead(_ShardRead, _Prefetch):
                 # read holds no row group between items (more rows only when the cache had
                 # to drop this row group, see RowGroupCache).
                 rows = self._take(shard, g, row - first, row - first + k, hi - first)
+                if len(rows) < k:  # the row groups changed, not the total: never loop on []
+                    raise self._changed(path, row + len(rows), size, f"row group {g} ends early")
                 yield from rows
                 row += len(rows)
+
+    @staticmethod
+    def _changed(path: str, have: int, counted: int, what: str = "") -> ValueError:
+        return ValueError(
+            f"{path}: {have} rows{' (' + what + ')' if what else ''}, but {counted} were "
+            "counted (from its footer when parquet_shards was called, or rank 0's copy's with "
+            "share_counts=True): the file changed, or differs between nodes"
+        )
 
     def __repr__(self) -> str:
         return f"fastshard.readers.ParquetRead({len(self.paths)} shards)"
@@ -1395,12 +1456,33 @@ class MdsRead(_ShardRead, _Prefetch):
         pool = self.files()
         keep = None if self.keep is None else set(self.keep)
         var = sum(size is None for _, _, size in self.columns)
+        # Header: uint32 sample count, then count + 1 uint32 offsets of the samples. The
+        # shard's own count must be the index's, and every offset lie in [first, last], the
+        # last one a byte the file holds.
+        head = np.frombuffer(pool.read(path, 0, 4), "<u4")
+        count = int(head[0]) if len(head) else -1
+        if count != int(self.sizes[shard]):
+            raise ValueError(
+                f"{path}: holds {count} samples, but {getattr(self, 'index_path', 'its index')} "
+                f"says {int(self.sizes[shard])}: the shard and its index do not belong together"
+            )
+        first, last = 4 + 4 * (count + 1), -1
+        tail = np.frombuffer(pool.read(path, 4 + 4 * count, 4), "<u4")
+        if len(tail) == 1 and int(tail[0]) >= first and len(pool.read(path, int(tail[0]) - 1, 1)):
+            last = int(tail[0])
         for lo in range(start, stop, PY_ROWS):
             hi = min(lo + PY_ROWS, stop)
-            # Header: uint32 sample count, then count + 1 uint32 offsets of the samples.
             table = np.frombuffer(pool.read(path, 4 + 4 * lo, 4 * (hi - lo + 1)), "<u4")
-            if len(table) < hi - lo + 1:
-                return
+            if (
+                len(table) < hi - lo + 1
+                or int(table[0]) < first
+                or int(table[-1]) > last
+                or bool(np.any(np.diff(table.astype(np.int64)) < 0))
+            ):
+                raise ValueError(
+                    f"{path}: the offsets of samples {lo} to {hi} are not increasing offsets "
+                    f"inside the file: the shard is damaged"
+                )
             base = int(table[0])
             data = pool.read(path, base, int(table[-1]) - base)
             yield from self._rows(data, table, decoders, keep, var)
@@ -1479,8 +1561,6 @@ def mds_shards(
     ``sha1``, ``sha256``, ``md5``, ...), and raises naming the shard on a mismatch. It reads
     each whole shard once per process for that, so it costs a shard's bytes per reader.
     """
-    import json
-
     storage = _storage.options(
         storage_options,
         max_inflight_bytes=max_inflight_bytes,
@@ -1494,7 +1574,7 @@ def mds_shards(
     if not remote:
         index_path = os.path.abspath(_storage.local_path(index_path))
     doc = _index.shared(
-        lambda: json.loads(_storage.read_all(index_path, storage)), [index_path], share_counts
+        lambda: _index._load_json(index_path, storage), [index_path], share_counts
     )
     if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
         raise ValueError(f"{index_path}: not a Mosaic streaming index.json (no 'shards')")
@@ -1504,6 +1584,20 @@ def mds_shards(
     counts = []
     layout: list[tuple[str, str, int | None]] | None = None
     for i, s in enumerate(doc["shards"]):
+        if not isinstance(s, dict):
+            raise ValueError(f"{index_path}: shard {i} is not an object")
+        for key, kind in [
+            ("column_names", list),
+            ("column_encodings", list),
+            ("column_sizes", list),
+            ("samples", int),
+        ]:
+            value = s.get(key)
+            if not isinstance(value, kind) or (
+                kind is int and (type(value) is not int or value < 0)
+            ):
+                what = "no" if key not in s else "a malformed"
+                raise ValueError(f"{index_path}: shard {i} has {what} '{key}'")
         if s.get("format") != "mds":
             raise ValueError(f"{index_path}: shard {i} is {s.get('format')!r}, not 'mds'")
         raw = (s.get("raw_data") or {}).get("basename")
@@ -1542,4 +1636,5 @@ def mds_shards(
                 "(MDSWriter(hashes=[...]) writes them)"
             )
         read.hashes = digests
+    read.index_path = index_path  # for the error of a shard that holds another count
     return Shards(arr, read)

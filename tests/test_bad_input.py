@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tarfile
@@ -269,3 +270,249 @@ def test_tar_scanner_fuzz(tmp_path: Path) -> None:
         check()
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+# -- 9: no shards at all -----------------------------------------------------------------------
+def test_an_empty_list_of_shards_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no shard paths.*matched nothing"):
+        readers.tar_shards([])
+    with pytest.raises(ValueError, match="no shard paths"):
+        readers.write_tar_index([], "index.json")
+    pytest.importorskip("pyarrow")
+    with pytest.raises(ValueError, match="no shard paths.*matched nothing"):
+        readers.parquet_shards([])
+
+
+# -- 4 and 12: the index command ---------------------------------------------------------------
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fastshard", "index", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def test_the_index_never_overwrites_a_shard(tmp_path: Path) -> None:
+    paths = [write_tar(tmp_path / f"s{i}.tar", 3 + i) for i in range(3)]
+    before = [Path(p).read_bytes() for p in paths]
+    # `-o shards/*.tar`: the shell makes the first shard the output.
+    proc = cli("-o", *paths, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.startswith("fastshard: error: ") and proc.stderr.count("\n") == 1
+    assert paths[0] in proc.stderr and "not a shard index" in proc.stderr
+    # The output one of the inputs.
+    proc = cli(*paths, "-o", paths[1], cwd=tmp_path)
+    assert proc.returncode != 0 and "is one of the shards" in proc.stderr, proc.stderr
+    assert [Path(p).read_bytes() for p in paths] == before
+    for out in (paths[0], paths[2]):
+        with pytest.raises(ValueError, match="one of the shards|not a shard index"):
+            readers.write_tar_index(paths[1:], out)
+    # Through another spelling of the same file (a symlink): still refused.
+    link = tmp_path / "link.tar"
+    link.symlink_to(paths[1])
+    with pytest.raises(ValueError, match="is one of the shards"):
+        readers.write_tar_index(paths, link)
+    assert [Path(p).read_bytes() for p in paths] == before
+    # An existing index is written again, as before.
+    out = tmp_path / "index.json"
+    readers.write_tar_index(paths, out)
+    readers.write_tar_index(paths[:2], out)
+    assert readers.tar_shards(index=out).sizes.tolist() == [3, 4]
+
+
+def test_index_command_user_errors_are_one_line(tmp_path: Path) -> None:
+    good = write_tar(tmp_path / "good.tar", 2)
+    cases = {
+        "missing shard": ([str(tmp_path / "missing.tar"), "-o", "o.json"], "missing.tar"),
+        "missing folder": ([good, "-o", str(tmp_path / "nope" / "i.json")], "nope"),
+        "not a tar": ([str(tmp_path / "i.json"), "-o", "j.json"], "not an uncompressed tar"),
+        "bad every": ([good, "-o", "o.json", "--index-every", "0"], "index_every"),
+    }
+    (tmp_path / "i.json").write_text("{}")
+    for label, (args, needle) in cases.items():
+        proc = cli(*args, cwd=tmp_path)
+        assert proc.returncode != 0, label
+        assert proc.stderr.startswith("fastshard: error: "), (label, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert needle in proc.stderr, (label, proc.stderr)
+
+
+# -- 11 and 13: damaged tar indexes ------------------------------------------------------------
+@pytest.fixture
+def indexed(tmp_path: Path) -> tuple[list[str], Path, dict[str, object]]:
+    paths = [write_tar(tmp_path / f"s{i}.tar", n) for i, n in enumerate([20, 7])]
+    out = tmp_path / "index.json"
+    readers.write_tar_index(paths, out, index_every=4)
+    return paths, out, json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("text", ["", "{", "[1, 2", "\xff\xfe", "null"])
+def test_malformed_index_json_names_the_file(indexed, text: str) -> None:
+    _, out, _ = indexed
+    out.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"{out}: not (valid JSON|a shard index)"):
+        readers.tar_shards(index=out)
+
+
+def _offsets(values: list[int]) -> str:
+    import base64
+
+    return base64.b64encode(np.asarray(values, dtype="<i8").tobytes()).decode()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["negative offset", "offsets out of order", "offset past end", "huge end", "negative end"],
+)
+def test_damaged_index_offsets_blame_the_index(indexed, damage: str) -> None:
+    paths, out, doc = indexed
+    shard = doc["fastshard"]["shards"][1]  # type: ignore[index]
+    offs = np.frombuffer(__import__("base64").b64decode(shard["offsets"]), "<i8").tolist()
+    if damage == "negative offset":
+        offs[1] = -512
+    elif damage == "offsets out of order":
+        offs[0], offs[1] = offs[1], offs[0]
+    elif damage == "offset past end":
+        offs[1] = shard["end"] + 512
+    elif damage == "huge end":
+        shard["end"] = 2**62
+    else:
+        shard["end"] = -1
+    shard["offsets"] = _offsets(offs)
+    out.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=rf"{out}.*(shard 1|{paths[1]})"):
+        _, read = readers.tar_shards(index=out)
+        list(read(1, 0, 7))
+
+
+@pytest.mark.parametrize("wrong", [9, 5])
+def test_an_index_count_that_differs_from_the_shard_names_both(indexed, wrong: int) -> None:
+    paths, out, doc = indexed
+    # Counts only (a webdataset index): the scan at the first read finds the shard's own count.
+    doc.pop("fastshard")
+    doc["shardlist"][1]["nsamples"] = wrong  # type: ignore[index]
+    out.write_text(json.dumps(doc))
+    _, read = readers.tar_shards(index=out)
+    with pytest.raises(ValueError, match=rf"{paths[1]}: holds 7 samples, but the shard index "
+                       rf"{out} says {wrong}"):
+        list(read(1, 0, min(wrong, 7)))
+
+
+def test_an_index_count_larger_than_the_shard_blames_the_index(indexed) -> None:
+    paths, out, doc = indexed
+    doc["shardlist"][1]["nsamples"] = 8  # type: ignore[index]  # 2 offsets, as for 7
+    out.write_text(json.dumps(doc))
+    sizes, read = readers.tar_shards(index=out)
+    with pytest.raises(ValueError, match=rf"{paths[1]}: holds 7 samples.*index {out} says 8"):
+        list(read(1, 0, 8))
+    # ... in DataLoader workers too.
+    import torch
+
+    stream = fastshard.ShardedStream(sizes, read, batch_size=4, num_replicas=1, rank=0)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
+    with pytest.raises(ValueError, match=r"holds 7 samples.*says 8"):
+        list(loader)
+
+
+def test_sizes_that_differ_from_the_shard_name_both(tmp_path: Path) -> None:
+    p = write_tar(tmp_path / "s.tar", 7)
+    for wrong in (9, 5):
+        _, read = readers.tar_shards([p], sizes=[wrong])
+        with pytest.raises(ValueError, match=rf"{p}: holds 7 samples, but sizes= says {wrong}"):
+            list(read(0, 0, 5))
+
+
+# -- 2: a Parquet file with fewer rows than counted --------------------------------------------
+@pytest.mark.parametrize("rows", [40, 100])
+def test_a_parquet_file_that_changed_is_named_not_spun_on(tmp_path: Path, rows: int) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": list(range(64))}), p, row_group_size=16)
+    sizes, read = readers.parquet_shards([p])
+    pq.write_table(pa.table({"x": list(range(rows))}), p, row_group_size=16)  # rewritten
+    # A copy as a DataLoader worker gets it (it opens and parses the file afresh; the
+    # process that counted keeps the footer it parsed then).
+    worker_read = pickle.loads(pickle.dumps(read))
+    with pytest.raises(ValueError, match=rf"{p}: {rows} rows, but 64 were counted"):
+        list(worker_read(0, 0, 64))
+    # In DataLoader workers (forked after the rewrite), the same error rather than a busy loop.
+    proc = child(
+        f"""
+        import torch, fastshard
+        from fastshard import readers
+        import pyarrow as pa, pyarrow.parquet as pq
+        p = {str(p)!r}
+        pq.write_table(pa.table({{"x": list(range(64))}}), p, row_group_size=16)
+        sizes, read = readers.parquet_shards([p])
+        pq.write_table(pa.table({{"x": list(range({rows}))}}), p, row_group_size=16)
+        stream = fastshard.ShardedStream(sizes, read, batch_size=4, num_replicas=1, rank=0)
+        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
+        try:
+            list(loader)
+        except ValueError as err:
+            print("refused:", err)
+        """,
+        timeout=60,
+    )
+    assert "refused:" in proc.stdout and "were counted" in proc.stdout, proc.stderr[-2000:]
+
+
+# -- 10: MDS index.json against its shard ------------------------------------------------------
+def write_mds(d: Path, n: int, claim: int | None = None, drop: str | None = None) -> Path:
+    """An uncompressed MDS shard of ``n`` samples (columns: key str, n int) and its
+    index.json, which claims ``claim`` samples (default n) and lacks key ``drop``."""
+    rows = [f"k{i}".encode() for i in range(n)]
+    samples = [np.uint32(len(r)).tobytes() + r + np.int64(i).tobytes() for i, r in enumerate(rows)]
+    start = 4 + 4 * (n + 1)
+    offsets = np.cumsum([start] + [len(s) for s in samples]).astype("<u4")
+    (d / "shard.00000.mds").write_bytes(
+        np.uint32(n).tobytes() + offsets.tobytes() + b"".join(samples)
+    )
+    shard = {
+        "format": "mds",
+        "version": 2,
+        "compression": None,
+        "hashes": [],
+        "size_limit": 1 << 26,
+        "column_names": ["key", "n"],
+        "column_encodings": ["str", "int"],
+        "column_sizes": [None, 8],
+        "samples": n if claim is None else claim,
+        "raw_data": {"basename": "shard.00000.mds", "bytes": 0, "hashes": {}},
+        "zip_data": None,
+    }
+    if drop is not None:
+        del shard[drop]
+    (d / "index.json").write_text(json.dumps({"version": 2, "shards": [shard]}))
+    return d / "index.json"
+
+
+def test_mds_index_against_its_shard(tmp_path: Path) -> None:
+    index = write_mds(tmp_path, 10)
+    sizes, read = readers.mds_shards(index)
+    assert [r["key"] for r in read(0, 0, 10)] == [f"k{i}" for i in range(10)]
+    for claim in (12, 8):
+        index = write_mds(tmp_path, 10, claim=claim)
+        sizes, read = readers.mds_shards(index)
+        shard = tmp_path / "shard.00000.mds"
+        want = rf"{shard}: holds 10 samples, but {index} says {claim}"
+        with pytest.raises(ValueError, match=want):
+            list(read(0, 0, claim))
+    for key in ("samples", "column_names", "column_sizes"):
+        index = write_mds(tmp_path, 10, drop=key)
+        with pytest.raises(ValueError, match=rf"{index}: shard 0 has no '{key}'"):
+            readers.mds_shards(index)
+    (tmp_path / "index.json").write_text("{")
+    with pytest.raises(ValueError, match="index.json: not valid JSON"):
+        readers.mds_shards(tmp_path / "index.json")
+    # A damaged offsets table: an error naming the shard, not a read of 4 GiB.
+    index = write_mds(tmp_path, 10)
+    raw = bytearray((tmp_path / "shard.00000.mds").read_bytes())
+    raw[4 + 4 * 3 : 4 + 4 * 4] = np.uint32(2**32 - 1).tobytes()
+    (tmp_path / "shard.00000.mds").write_bytes(bytes(raw))
+    _, read = readers.mds_shards(index)
+    with pytest.raises(ValueError, match=r"shard\.00000\.mds: .*offsets"):
+        list(read(0, 0, 10))
