@@ -386,6 +386,7 @@ class TarRead(_ShardRead, _Prefetch):
     files is made afresh in each process."""
 
     _PER_PROCESS: ClassVar[dict[str, Any]] = {"_pool": None, "_scanned": {}, "_expected": None}
+    counted_by = "shard_sizes"  # where the counts came from, for a shard of another count
 
     def __init__(
         self,
@@ -531,7 +532,7 @@ class TarRead(_ShardRead, _Prefetch):
     ) -> ValueError:
         """The error of a shard that holds ``have`` samples, not the count it was given (or,
         when bytes ``[at, until)`` end before ``end``, holds another number up to ``until``)."""
-        source = getattr(self, "counted_by", "shard_sizes")
+        source = self.counted_by
         if until < end:
             return ValueError(
                 f"{self.paths[shard]}: {have} samples up to byte {until}, where {source} and its "
@@ -1364,6 +1365,7 @@ class MdsRead(_ShardRead, _Prefetch):
     storage: _storage.Options | None = None  # remote shards: how they are read
     # verify_hashes=True: per shard, the index's {algorithm: hex digest} of the whole file
     hashes: list[dict[str, str]] | None = None
+    index_path = "its index.json"  # the index, for the error of a shard of another count
 
     def _verify(self, shard: int) -> None:
         """Check a shard's whole file against the digests of the index, once per process."""
@@ -1442,8 +1444,11 @@ class MdsRead(_ShardRead, _Prefetch):
         decoders = [(name, _mds_decoder(enc), size) for name, enc, size in self.columns]
         if self.storage is not None:
             (table,) = self._table([shard])
-            if stop >= len(table):
-                return  # fewer samples than counted: ShardedStream names the shard
+            if stop >= len(table):  # a shard too short for its offsets table
+                raise ValueError(
+                    f"{path}: holds fewer samples than {self.index_path} "
+                    f"says ({int(self.sizes[shard])}): its offsets table is cut short"
+                )
             src = self._fetcher().take(path, int(table[start]), int(table[stop]))
             try:
                 for lo in range(start, stop, PY_ROWS):
@@ -1463,7 +1468,7 @@ class MdsRead(_ShardRead, _Prefetch):
         count = int(head[0]) if len(head) else -1
         if count != int(self.sizes[shard]):
             raise ValueError(
-                f"{path}: holds {count} samples, but {getattr(self, 'index_path', 'its index')} "
+                f"{path}: holds {count} samples, but {self.index_path} "
                 f"says {int(self.sizes[shard])}: the shard and its index do not belong together"
             )
         first, last = 4 + 4 * (count + 1), -1
