@@ -516,3 +516,23 @@ def test_mds_index_against_its_shard(tmp_path: Path) -> None:
     _, read = readers.mds_shards(index)
     with pytest.raises(ValueError, match=r"shard\.00000\.mds: .*offsets"):
         list(read(0, 0, 10))
+
+
+def test_parquet_row_groups_changed_under_the_same_count_do_not_loop(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": list(range(64))}), p, row_group_size=16)
+    _, read = readers.parquet_shards([p])
+    pq.write_table(pa.table({"x": list(range(64))}), p, row_group_size=10)  # same 64 rows
+    worker_read = pickle.loads(pickle.dumps(read))  # as a DataLoader worker: a fresh footer
+    proc_code = f"""
+        import pickle
+        read = pickle.loads({pickle.dumps(worker_read)!r})
+        try:
+            list(read(0, 0, 64))
+        except ValueError as err:
+            print("refused:", err)
+        """
+    proc = child(proc_code, timeout=30)  # a busy loop would run past the timeout
+    assert "refused:" in proc.stdout and "row group 0 ends early" in proc.stdout, proc.stderr
