@@ -259,7 +259,7 @@ bool TarWalker::header(char* block, bool subsequent) {
         numbers = numbers && number(block + f[0], f[1], ignored);
     }
     if (!checksum_ok(block) || !number(block + 124, 12, size) || !numbers) {
-        if (first) throw NotTarError("bad checksum");
+        if (first) throw NotTarError("invalid header (a bad checksum or number field)");
         if (subsequent) throw TarFormatError("invalid header after an extension header");
         return false;
     }
