@@ -1578,9 +1578,7 @@ def mds_shards(
     remote = _storage.is_url(index_path)
     if not remote:
         index_path = os.path.abspath(_storage.local_path(index_path))
-    doc = _index.shared(
-        lambda: _index._load_json(index_path, storage), [index_path], share_counts
-    )
+    doc = _index.shared(lambda: _index._load_json(index_path, storage), [index_path], share_counts)
     if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
         raise ValueError(f"{index_path}: not a Mosaic streaming index.json (no 'shards')")
     base = _storage.dirname(index_path)

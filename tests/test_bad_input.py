@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import fastshard
-from fastshard import _core, readers
+from fastshard import readers
 
 
 # -- tars built by hand -------------------------------------------------------------------------
@@ -274,12 +274,12 @@ def test_tar_scanner_fuzz(tmp_path: Path) -> None:
 
 # -- 9: no shards at all -----------------------------------------------------------------------
 def test_an_empty_list_of_shards_is_an_error() -> None:
-    with pytest.raises(ValueError, match="no shard paths.*matched nothing"):
+    with pytest.raises(ValueError, match=r"no shard paths.*matched nothing"):
         readers.tar_shards([])
     with pytest.raises(ValueError, match="no shard paths"):
         readers.write_tar_index([], "index.json")
     pytest.importorskip("pyarrow")
-    with pytest.raises(ValueError, match="no shard paths.*matched nothing"):
+    with pytest.raises(ValueError, match=r"no shard paths.*matched nothing"):
         readers.parquet_shards([])
 
 
@@ -307,7 +307,7 @@ def test_the_index_never_overwrites_a_shard(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "is one of the shards" in proc.stderr, proc.stderr
     assert [Path(p).read_bytes() for p in paths] == before
     for out in (paths[0], paths[2]):
-        with pytest.raises(ValueError, match="one of the shards|not a shard index"):
+        with pytest.raises(ValueError, match=r"one of the shards|not a shard index"):
             readers.write_tar_index(paths[1:], out)
     # Through another spelling of the same file (a symlink): still refused.
     link = tmp_path / "link.tar"
@@ -395,8 +395,11 @@ def test_an_index_count_that_differs_from_the_shard_names_both(indexed, wrong: i
     doc["shardlist"][1]["nsamples"] = wrong  # type: ignore[index]
     out.write_text(json.dumps(doc))
     _, read = readers.tar_shards(index=out)
-    with pytest.raises(ValueError, match=rf"{paths[1]}: holds 7 samples, but the shard index "
-                       rf"{out} says {wrong}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{paths[1]}: holds 7 samples, but the shard index "
+        rf"{out} says {wrong}",
+    ):
         list(read(1, 0, min(wrong, 7)))
 
 
@@ -431,7 +434,7 @@ def test_a_parquet_file_that_changed_is_named_not_spun_on(tmp_path: Path, rows: 
     pq = pytest.importorskip("pyarrow.parquet")
     p = tmp_path / "a.parquet"
     pq.write_table(pa.table({"x": list(range(64))}), p, row_group_size=16)
-    sizes, read = readers.parquet_shards([p])
+    _sizes, read = readers.parquet_shards([p])
     pq.write_table(pa.table({"x": list(range(rows))}), p, row_group_size=16)  # rewritten
     # A copy as a DataLoader worker gets it (it opens and parses the file afresh; the
     # process that counted keeps the footer it parsed then).
@@ -492,11 +495,11 @@ def write_mds(d: Path, n: int, claim: int | None = None, drop: str | None = None
 
 def test_mds_index_against_its_shard(tmp_path: Path) -> None:
     index = write_mds(tmp_path, 10)
-    sizes, read = readers.mds_shards(index)
+    _, read = readers.mds_shards(index)
     assert [r["key"] for r in read(0, 0, 10)] == [f"k{i}" for i in range(10)]
     for claim in (12, 8):
         index = write_mds(tmp_path, 10, claim=claim)
-        sizes, read = readers.mds_shards(index)
+        _sizes, read = readers.mds_shards(index)
         shard = tmp_path / "shard.00000.mds"
         want = rf"{shard}: holds 10 samples, but {index} says {claim}"
         with pytest.raises(ValueError, match=want):
@@ -506,7 +509,7 @@ def test_mds_index_against_its_shard(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=rf"{index}: shard 0 has no '{key}'"):
             readers.mds_shards(index)
     (tmp_path / "index.json").write_text("{")
-    with pytest.raises(ValueError, match="index.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"index\.json: not valid JSON"):
         readers.mds_shards(tmp_path / "index.json")
     # A damaged offsets table: an error naming the shard, not a read of 4 GiB.
     index = write_mds(tmp_path, 10)

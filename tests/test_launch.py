@@ -199,7 +199,8 @@ def test_a_killed_rank_leaves_no_process_behind(tmp_path):
             left = _marked(mark)
         assert not left, (
             f"{len(left)} of the job's {len(before)} processes still run 10 s after rank 0 was "
-            f"killed:\n" + "\n".join(f"{pid}: {cmd}" for pid, cmd in left.items())
+            f"killed:\n"
+            + "\n".join(f"{pid}: {cmd}" for pid, cmd in left.items())
             + f"\n{log.read_text()[-3000:]}"
         )
         assert proc.wait(timeout=30) != 0
