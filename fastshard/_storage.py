@@ -554,8 +554,14 @@ def fetch(url: str, start: int, stop: int, opts: Options = DEFAULT) -> bytes:
         _stats.retries += 1
         if failures > opts.retries:
             raise _fail(url, start, stop, f"{failures} attempts failed, the last: {why}")
-        delay = min(BACKOFF_CAP, BACKOFF * 2 ** (failures - 1))
-        time.sleep(random.uniform(0, delay) + delay / 4)
+        _backoff(failures)
+
+
+def _backoff(failures: int) -> None:
+    """Wait before attempt ``failures + 1``: exponential, capped, with full jitter (plus a
+    quarter of the step, so that no retry comes at once)."""
+    delay = min(BACKOFF_CAP, BACKOFF * 2 ** (failures - 1))
+    time.sleep(random.uniform(0, delay) + delay / 4)
 
 
 def _retried(url: str, opts: Options, call: Callable[[], Any]) -> Any:
@@ -569,8 +575,7 @@ def _retried(url: str, opts: Options, call: Callable[[], Any]) -> Any:
                 raise RemoteReadError(
                     f"{url}: {failures} attempts failed, the last: {err}"
                 ) from None
-            delay = min(BACKOFF_CAP, BACKOFF * 2 ** (failures - 1))
-            time.sleep(random.uniform(0, delay) + delay / 4)
+            _backoff(failures)
         except RemoteReadError as err:
             raise RemoteReadError(f"{url}: {err}") from None
 

@@ -278,6 +278,25 @@ MAX_REQUESTS = 16  # requests in flight, per process
 RETRIES = 8  # attempts after the first, per range
 
 
+def _remote_options(
+    storage_options: dict[str, Any] | None,
+    max_inflight_bytes: int,
+    max_requests: int,
+    retries: int,
+    cache_dir: PathLike | None,
+    cache_limit: int | None,
+) -> _storage.Options:
+    """The readers' remote keyword arguments, checked, as the storage module takes them."""
+    return _storage.options(
+        storage_options,
+        max_inflight_bytes=max_inflight_bytes,
+        max_requests=max_requests,
+        retries=retries,
+        cache_dir=cache_dir,
+        cache_bytes=cache_limit,
+    )
+
+
 def _remote(paths: list[str]) -> bool:
     """Whether the shards are at URLs (all of them) or local (all of them)."""
     remote = [_storage.is_url(p) for p in paths]
@@ -598,7 +617,6 @@ def tar_shards(
     opener: Opener | None = None,
     max_open_files: int = MAX_OPEN_FILES,
     share_counts: bool = False,
-    verify_hashes: bool = False,
     storage_options: dict[str, Any] | None = None,
     max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
     max_requests: int = MAX_REQUESTS,
@@ -649,14 +667,9 @@ def tar_shards(
     ``cache_limit`` its bound in bytes (docs/streams.md, "Object storage"). Remote shards are
     indexed at every sample (``index_every=1``) unless an index says otherwise.
     """
-    remote_kw = {
-        "max_inflight_bytes": max_inflight_bytes,
-        "max_requests": max_requests,
-        "retries": retries,
-        "cache_dir": cache_dir,
-        "cache_bytes": cache_limit,
-    }
-    storage = _storage.options(storage_options, **remote_kw)
+    storage = _remote_options(
+        storage_options, max_inflight_bytes, max_requests, retries, cache_dir, cache_limit
+    )
     if isinstance(index_every, bool) or not isinstance(index_every, int) or index_every < 1:
         raise ValueError(f"index_every must be an int >= 1, got {index_every!r}")
     max_open_files = _check_pool_args(max_open_files)
@@ -1271,13 +1284,8 @@ def parquet_shards(
     and each row group a process decodes with one ranged GET of its column chunks (of
     ``columns`` only), fetched ahead in the order the stream's lanes enter them.
     """
-    storage = _storage.options(
-        storage_options,
-        max_inflight_bytes=max_inflight_bytes,
-        max_requests=max_requests,
-        retries=retries,
-        cache_dir=cache_dir,
-        cache_bytes=cache_limit,
+    storage = _remote_options(
+        storage_options, max_inflight_bytes, max_requests, retries, cache_dir, cache_limit
     )
     _pyarrow_parquet()
     ps = _paths(paths)
@@ -1566,13 +1574,8 @@ def mds_shards(
     ``sha1``, ``sha256``, ``md5``, ...), and raises naming the shard on a mismatch. It reads
     each whole shard once per process for that, so it costs a shard's bytes per reader.
     """
-    storage = _storage.options(
-        storage_options,
-        max_inflight_bytes=max_inflight_bytes,
-        max_requests=max_requests,
-        retries=retries,
-        cache_dir=cache_dir,
-        cache_bytes=cache_limit,
+    storage = _remote_options(
+        storage_options, max_inflight_bytes, max_requests, retries, cache_dir, cache_limit
     )
     index_path = os.fspath(index)
     remote = _storage.is_url(index_path)
