@@ -45,7 +45,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 MAX_INFLIGHT_BYTES = 64 << 20  # fetched and not yet consumed, per process
 MAX_REQUESTS = 16  # concurrent requests per process
 BLOCK_BYTES = 8 << 20  # the largest single GET
-FIRST_BLOCK_BYTES = 2 << 20  # the first GET of a stream: its first items arrive early
+MIN_BLOCK_BYTES = 64 << 10  # the smallest GET a stream is cut into
 RETRIES = 8  # attempts after the first, per range
 BACKOFF = 0.05  # seconds before the first retry; doubled each attempt, capped at BACKOFF_CAP
 BACKOFF_CAP = 5.0
@@ -753,11 +753,13 @@ class RangeStream:
         self.hi = hi
         self.pos = lo
         self.blocks: list[_Block] = []
-        at, size = lo, min(FIRST_BLOCK_BYTES, fetcher.opts.block_bytes)
+        size = fetcher.block_size()
+        at = lo
         while at < hi:
-            end = min(hi, at + size)
+            # A last piece shorter than a block joins the one before: no GET of a sliver.
+            end = hi if hi - at < 2 * size else at + size
             self.blocks.append(_Block(at, end))
-            at, size = end, min(size * 2, fetcher.opts.block_bytes)
+            at = end
         self.next = 0  # the block read next
         self.buffer = b""
         self.offset = 0  # of the buffer
@@ -770,6 +772,7 @@ class RangeStream:
     def read(self, n: int) -> bytes:
         """The next ``n`` bytes (fewer only at the end of the range)."""
         out: list[bytes] = []
+        want = n
         while n > 0:
             if self.offset == len(self.buffer):
                 if self.next == len(self.blocks):
@@ -787,13 +790,16 @@ class RangeStream:
                 self.offset = 0
         data = out[0] if len(out) == 1 else b"".join(out)
         self.pos += len(data)
+        if want:
+            self.fetcher._release(len(data))  # fetched bytes count until they are read
         return data
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            held = len(self.buffer) - self.offset
             self.buffer = b""
-            self.fetcher._drop(self)
+            self.fetcher._drop(self, held)
 
 
 class Fetcher:
@@ -806,10 +812,20 @@ class Fetcher:
         self.pool: _Threads | None = None
         self.heap: list[tuple[float, int, RangeStream, int]] = []
         self.seq = itertools.count()
-        self.inflight = 0  # bytes requested or held, not yet consumed
+        self.inflight = 0  # bytes requested or held, not yet read
+        self.peak = 0  # the most of them at once (tests read it)
         self.running = 0  # requests in flight
         self.expected: dict[tuple[str, int, int], list[RangeStream]] = {}
+        # How many streams a reader keeps open at once (its lanes), which splits the bound.
+        self.concurrency = 1
         self.cache = None if opts.cache_dir is None else _Cache(opts.cache_dir, opts.cache_bytes)
+
+    def block_size(self) -> int:
+        """The GET size of a new stream: what fetched and unread bytes may hold (counted until
+        read, each open stream holding part of its current block) split over twice the open
+        streams, within [MIN_BLOCK_BYTES, block_bytes]."""
+        share = self.opts.max_inflight_bytes // (2 * max(1, self.concurrency))
+        return max(MIN_BLOCK_BYTES, min(self.opts.block_bytes, share))
 
     # The order of reads: expect() in the order a reader will take them, then take().
     def expect(self, url: str, lo: int, hi: int, key: float, rows: float = 1.0) -> None:
@@ -880,6 +896,7 @@ class Fetcher:
     def _submit(self, stream: RangeStream, block: _Block) -> None:
         block.submitted = True
         self.inflight += block.hi - block.lo
+        self.peak = max(self.peak, self.inflight)
         self.running += 1
         if self.pool is None:
             self.pool = _Threads(self.opts.max_requests)
@@ -909,15 +926,16 @@ class Fetcher:
         assert future is not None
         try:
             data = future.result()
+        except BaseException:
+            self._release(block.hi - block.lo)
+            raise
         finally:
-            with self.lock:
-                self.inflight -= block.hi - block.lo
-                block.future = None
-                self._pump()
+            block.future = None
         return data
 
-    def _drop(self, stream: RangeStream) -> None:
+    def _drop(self, stream: RangeStream, held: int) -> None:
         with self.lock:
+            self.inflight -= held  # the unread rest of its current block
             for block in stream.blocks[stream.next :]:
                 if block.submitted and block.future is not None:
                     # Its bytes stop counting once the request ends.

@@ -325,6 +325,8 @@ class _Prefetch:
         if self._expected:
             fetcher.forget(self._expected)
         self._expected = [r[:3] for r in ranges]
+        # The reads that start a lane (key 0) are the reads open at once: they split the bound.
+        fetcher.concurrency = max(1, sum(r[3] == 0 for r in ranges))
         for url, lo, hi, key, rows in ranges:
             fetcher.expect(url, lo, hi, key, rows)
 

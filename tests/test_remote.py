@@ -223,6 +223,22 @@ def test_parquet_and_mds_fetch_what_they_read(local: dict[str, Any], s3: Any) ->
     assert stats["bytes"] < total / 4, (stats["bytes"], total)
 
 
+@pytest.mark.parametrize("bound", [1 << 20, 16 << 10])
+def test_bytes_fetched_and_unread_stay_bounded(local: dict[str, Any], s3: Any, bound: int) -> None:
+    """max_inflight_bytes bounds what a process holds fetched and not yet read (counted until
+    read, its streams' current blocks included), beyond one block that a read waits for; the
+    epoch is exact at any bound, one below a single block too (16 kB: each read then waits
+    for its own block)."""
+    shards = remote_shards(local, "tar", max_inflight_bytes=bound)
+    fetcher = _storage.fetcher(shards.read.storage)
+    fetcher.peak = 0
+    got = [k for b in batches(shards, "tar", 1, 0, 0, pad=False) for k in b]
+    assert sorted(got) == list(range(local["total"]))
+    block = 2 * fetcher.block_size()  # a stream's last block may be up to twice the size
+    assert 0 < fetcher.peak <= bound + block, (fetcher.peak, bound, block)
+    assert fetcher.inflight == 0  # everything fetched was read or released
+
+
 def test_faults_leave_the_epoch_exact(local: dict[str, Any], s3: Any) -> None:
     """5% of requests answered 503, 3% reset mid-body, 3% cut short: every item once."""
     s3.faults(fail=0.05, reset=0.03, truncate=0.03, seed=7)
