@@ -675,8 +675,9 @@ class _Recorder:
         self.segments: list[tuple[int, int, int, int]] = []
         self.opened: list[tuple[int, int, int]] = []
 
-    def prefetch(self, segments: list[tuple[int, int, int, int]]) -> None:
-        self.segments = list(segments)
+    def prefetch(self, segments: Any) -> None:
+        # A list of reads, or (newer streams) a function that lists them when asked.
+        self.segments = list(segments() if callable(segments) else segments)
 
     def __call__(self, shard: int, start: int, stop: int) -> Any:
         self.opened.append((shard, start, stop))
@@ -784,6 +785,21 @@ def print_simulation(sim: dict[str, Any]) -> None:
 
 
 # -- main -------------------------------------------------------------------------------------
+def fastshard_version() -> str:
+    """The fastshard this interpreter imports: its version and, for a checkout, its commit."""
+    import fastshard
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fastshard.__file__)))
+    try:
+        head = subprocess.run(
+            ["git", "-C", root, "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        head = ""
+    return f"fastshard {fastshard.__version__}" + (f" ({root} at {head})" if head else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -827,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
     text = [
         f"## Remote streams, {started} (load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
         f"{os.cpu_count()} CPUs)",
+        "",
+        fastshard_version(),
         "",
         f"{len(res['meta']['counts'])} tar shards, {sum(res['meta']['counts']):,} samples; "
         f"rank {RANK} of {WORLD}, batch {BATCH}; samples/s the median of {args.repeat}",
