@@ -205,13 +205,16 @@ def _dataset(spec: dict[str, Any], meta: dict[str, Any]) -> tuple[Any, int | Non
         import fastshard
         from fastshard import readers
 
+        kw = {}
+        if spec.get("inflight_mb"):
+            kw["max_inflight_bytes"] = int(spec["inflight_mb"] * 2**20)
         if case == "fastshard-local":
             shards = readers.tar_shards(index=os.path.join(spec["dir"], "tar", "index-local.json"))
         elif case == "fastshard-parquet":
             names = [f"{url}/pq/part-{s:04d}.parquet" for s in range(len(counts))]
-            shards = readers.parquet_shards(names)
+            shards = readers.parquet_shards(names, **kw)
         else:  # fastshard-remote, fastshard-faults
-            shards = readers.tar_shards(index=f"{url}/tar/index.json")
+            shards = readers.tar_shards(index=f"{url}/tar/index.json", **kw)
         stream = fastshard.ShardedStream(
             shards.sizes, shards.read, batch_size=BATCH, num_replicas=WORLD, rank=RANK,
             seed=0, pad=False,
@@ -365,7 +368,8 @@ def run_child(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise RuntimeError(f"{spec.get('case', spec.get('mode'))}: timed out after {timeout} s")
+        what = spec.get("case", spec.get("mode"))
+        raise RuntimeError(f"{what}: timed out after {timeout} s") from None
     finally:
         try:  # whatever the child left (DataLoader workers, curl) goes with its group
             os.killpg(proc.pid, signal.SIGKILL)
@@ -511,7 +515,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 hwm = os.path.join(scratch, "hwm")
                 os.makedirs(cache)
                 os.makedirs(hwm)
-                spec = {**c, "dir": args.dir, "cache": cache, "port": server.port}
+                spec = {**c, "dir": args.dir, "cache": cache, "port": server.port,
+                        "inflight_mb": args.max_inflight_mb}  # fmt: skip
                 env = {
                     **senv,
                     "RANK": str(RANK),
@@ -649,11 +654,10 @@ def ratios(results: list[dict[str, Any]], latency: float) -> list[str]:
         r, loc = got.get(("fastshard-remote", k, L)), got.get(("fastshard-local", k, 0.0))
         f = got.get(("fastshard-faults", k, L))
         if r:
-            mem = (
-                "n/a"
-                if loc is None
-                else f"{(r['hwm_main_mb'] + r['hwm_workers_mb']) / (loc['hwm_main_mb'] + loc['hwm_workers_mb']):.2f}"  # noqa: E501
-            )
+            mem = "n/a"
+            if loc is not None:
+                peak = r["hwm_main_mb"] + r["hwm_workers_mb"]
+                mem = f"{peak / (loc['hwm_main_mb'] + loc['hwm_workers_mb']):.2f}"
             out.append(
                 f"- k={k}: remote tar @{ms}: fetched ÷ needed {r['amplification']:.3f} (≤ 1.02), "
                 f"first batch {r['first_batch']:.3f} s (≤ 0.3), disk {r['disk']} B (0), peak "
@@ -775,7 +779,8 @@ def print_simulation(sim: dict[str, Any]) -> None:
             f"index (every sample's offset): {per:.1f} B per sample -> one GET of "
             f"{one / 1e6:,.0f} MB; at the start the server sees {W:,} GETs of it "
             f"({W * one / 1e9:,.1f} GB) without share_counts, 1 with share_counts=True "
-            f"(each rank then holds {one / 1e6:,.0f} MB of offsets in memory)"
+            f"(rank 0 then broadcasts those {one / 1e6:,.0f} MB and every rank holds them: "
+            f"a shard's offsets are decoded when it is first read)"
         )
     print(
         f"first batch: each rank opens {r0['first_batch_reads']} reads; its fetcher starts "
@@ -813,6 +818,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--latency", type=float, nargs="+", default=[0.0, 0.02], help="seconds")
     p.add_argument("--fail", type=float, default=0.05, help="share of failed requests")
+    p.add_argument(
+        "--max-inflight-mb", type=float, default=None,
+        help="fastshard's max_inflight_bytes for the remote cases, in MiB (default: its own)",
+    )  # fmt: skip
     p.add_argument("--only", nargs="+", help="cases to run (fastshard-local, litdata, ...)")
     p.add_argument("--peer-python", action="append", default=[], metavar="NAME=PATH")
     p.add_argument("--quick", action="store_true", help="8 shards, one run each")
@@ -837,14 +846,16 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(sim, f, indent=1)
         return 0
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    before = fastshard_version()
     res = bench(args)
+    after = fastshard_version()
     load = os.getloadavg()
     results = res["results"]
     text = [
         f"## Remote streams, {started} (load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
         f"{os.cpu_count()} CPUs)",
         "",
-        fastshard_version(),
+        before if before == after else f"{before} at the start, {after} at the end",
         "",
         f"{len(res['meta']['counts'])} tar shards, {sum(res['meta']['counts']):,} samples; "
         f"rank {RANK} of {WORLD}, batch {BATCH}; samples/s the median of {args.repeat}",
