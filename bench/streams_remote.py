@@ -16,9 +16,10 @@ to moto's S3 server behind tests/s3_server.py's proxy, which adds ``--latency`` 
 
 Setting: rank 0 of 2, batch 32, DataLoader ``num_workers`` 0 and 2, one epoch, every run in a
 fresh subprocess (killed by process group past ``--timeout``); samples/s is the median of
-``--repeat`` runs. Each case also records the bytes the server sent (÷ the bytes of the samples
-the rank yielded: for tar each sample's span in its shard, for Parquet and LitData the files'
-bytes pro rata), requests by method, the first batch (from ``iter()`` to the first batch), peak
+``--repeat`` runs. Each case also records the bytes the server sent for the samples'
+objects (÷ the bytes of the samples the rank yielded: for tar each sample's span in its shard,
+for Parquet and LitData the files' bytes pro rata; index files counted apart), requests by
+method, the first batch (from ``iter()`` to the first batch), peak
 RSS (VmHWM of the child's main process, and of each DataLoader worker at its exit) and the disk
 used under the child's cache folder. Every run checks its items: distinct keys == items read ==
 what the rank should read. The peers run in the interpreter named by ``--peer-python NAME=PATH``
@@ -536,6 +537,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     out = {"error": str(err)[-2000:], "ok": False}
                 st = server.stats()
                 out["fetched"] = st["bytes"]
+                # Index files (fastshard's, LitData's) apart from the samples' objects.
+                out["fetched_meta"] = sum(g[3] for g in st["gets"] if g[0].endswith(".json"))
                 out["requests"] = st["requests"]
                 out["faults"] = st["faults"]
                 out["disk"] = du(cache)
@@ -570,7 +573,9 @@ def summarize(c: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     last = good[-1]
     row["fetched"] = last["fetched"]
     row["needed"] = last["needed"]
-    row["amplification"] = last["fetched"] / last["needed"] if last["needed"] else None
+    row["fetched_meta"] = last["fetched_meta"]
+    data = last["fetched"] - last["fetched_meta"]
+    row["amplification"] = data / last["needed"] if last["needed"] else None
     row["requests"] = last["requests"]
     row["faults"] = last["faults"]
     row["disk"] = max(r["disk"] for r in good)
@@ -594,15 +599,15 @@ def line(row: dict[str, Any]) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     head = (
         "| case | workers | latency | samples/s | first batch s | setup s | fetched ÷ needed "
-        "| requests | peak RSS MB (main + workers) | disk MB | items |"
+        "| index KB | requests | peak RSS MB (main + workers) | disk MB | items |"
     )
-    out = [head, "|" + "---|" * 11]
+    out = [head, "|" + "---|" * 12]
     for r in results:
         if r["rate"] is None:
             err = (r["runs"][-1].get("error") or "").strip().splitlines()[-1:] or ["?"]
             out.append(
                 f"| {r['case']} | {r['workers']} | {r['latency'] * 1e3:.0f} ms | failed: "
-                f"{err[0][:80]} | | | | | | | |"
+                f"{err[0][:80]} | | | | | | | | |"
             )
             continue
         amp = "—" if r["case"] == "fastshard-local" else f"{r['amplification']:.3f}"
@@ -612,7 +617,8 @@ def table(results: list[dict[str, Any]]) -> str:
         items = f"{r['items']}" + ("" if r["ok"] else f" WRONG (expected {r['expected']})")
         out.append(
             f"| {r['case']} | {r['workers']} | {r['latency'] * 1e3:.0f} ms | {r['rate']:,.0f} "
-            f"| {r['first_batch']:.3f} | {r['setup']:.2f} | {amp} | {req} "
+            f"| {r['first_batch']:.3f} | {r['setup']:.2f} | {amp} | {r['fetched_meta'] / 1e3:.0f} "
+            f"| {req} "
             f"| {r['hwm_main_mb']:.0f} + {r['hwm_workers_mb']:.0f} | {r['disk'] / 1e6:.1f} "
             f"| {items} |"
         )
