@@ -694,9 +694,26 @@ class _Recorder:
         return range(start, stop)
 
 
+def _gets(size: int, lanes_open: int) -> int:
+    """The GETs a fetcher cuts one read of ``size`` bytes into, as fastshard._storage's
+    RangeStream does: blocks of the bound split over twice the open lanes (within
+    [MIN_BLOCK_BYTES, BLOCK_BYTES]), a last piece under two blocks joined to the one before.
+    Older builds: a first block of FIRST_BLOCK_BYTES, then doubling up to BLOCK_BYTES."""
+    from fastshard import _storage
+
+    top = _storage.BLOCK_BYTES
+    if hasattr(_storage, "MIN_BLOCK_BYTES"):
+        share = _storage.MAX_INFLIGHT_BYTES // (2 * max(1, lanes_open))
+        block = max(_storage.MIN_BLOCK_BYTES, min(top, share))
+        return 1 if size < 2 * block else size // block
+    n, at, block = 0, 0, min(_storage.FIRST_BLOCK_BYTES, top)
+    while at < size:
+        at, block, n = at + block, min(block * 2, top), n + 1
+    return max(n, 1)
+
+
 def simulate(args: argparse.Namespace) -> dict[str, Any]:
     import fastshard
-    from fastshard import _storage
 
     base = shard_counts(args.shards, args.per_shard)
     scale = args.scale
@@ -723,12 +740,11 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         segs = rec.segments
         requests = 0
         fetched = 0
+        lanes_open = sum(1 for *_, at in segs if at == 0)  # as readers.py sets concurrency
         for shard, a, z, _ in segs:
             b = int(cum[shard % len(base)][z] - cum[shard % len(base)][a])
             fetched += b
-            # The fetcher's first block of a stream is FIRST_BLOCK_BYTES, then BLOCK_BYTES.
-            first = _storage.FIRST_BLOCK_BYTES
-            requests += 1 + (max(0, b - first) + _storage.BLOCK_BYTES - 1) // _storage.BLOCK_BYTES
+            requests += _gets(b, lanes_open)
         items = len(stream)
         rows.append(
             {
