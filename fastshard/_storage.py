@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
 # Defaults of the remote reads (docs/streams.md, "Object storage").
-MAX_INFLIGHT_BYTES = 64 << 20  # fetched and not yet consumed, per process
+MAX_INFLIGHT_BYTES = 128 << 20  # fetched and not yet read, per process
 MAX_REQUESTS = 16  # concurrent requests per process
 BLOCK_BYTES = 8 << 20  # the largest single GET
 MIN_BLOCK_BYTES = 64 << 10  # the smallest GET a stream is cut into
@@ -175,6 +175,13 @@ class _Client:
 
     def size(self, key: str) -> int:
         raise NotImplementedError
+
+    def tail(self, key: str, n: int, sink: Callable[[bytes], None]) -> int:
+        """The last ``n`` bytes (all of a shorter object) to ``sink``; returns the object's
+        length. One request where the store takes a suffix range."""
+        total = self.size(key)
+        self.get(key, max(0, total - n), total, sink)
+        return total
 
     def put(self, key: str, data: bytes) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot write")
@@ -314,6 +321,14 @@ class _S3(_Client):
                 raise _Retryable(f"{err} (signing the URL again)") from err
             raise
 
+    def tail(self, key: str, n: int, sink: Callable[[bytes], None]) -> int:
+        try:
+            return self.http.tail(self._url(key), n, sink)
+        except RemoteReadError as err:
+            if "HTTP 403" in str(err) and self.urls.pop(key, None) is not None:
+                raise _Retryable(f"{err} (signing the URL again)") from err
+            raise
+
     def size(self, key: str) -> int:
         return int(self._call(self.client.head_object, Key=key)["ContentLength"])
 
@@ -388,6 +403,30 @@ class _HTTP(_Client):
             raise _Retryable(f"{type(err).__name__} mid-body: {err}") from err
         finally:
             resp.release_conn()
+
+    def tail(self, key: str, n: int, sink: Callable[[bytes], None]) -> int:
+        # A suffix range: one GET, and Content-Range gives the length (no HEAD).
+        resp = self._request("GET", key, {"Range": f"bytes=-{n}"})
+        try:
+            total = None
+            if resp.status == 206:
+                crange = resp.headers.get("Content-Range", "")
+                total = int(crange.rsplit("/", 1)[1]) if "/" in crange else None
+            body = []
+            for chunk in resp.stream(1 << 20):
+                body.append(chunk)
+        except self.errors as err:
+            raise _Retryable(f"{type(err).__name__} mid-body: {err}") from err
+        finally:
+            resp.release_conn()
+        data = b"".join(body)
+        length = resp.headers.get("Content-Length")
+        if length is not None and len(data) != int(length):
+            raise _Retryable(f"short body: {len(data)} of {length} bytes")
+        if total is None:  # a whole object (shorter than n, or no ranges): its last n bytes
+            total, data = len(data), data[-n:]
+        sink(data)
+        return total
 
     def size(self, key: str) -> int:
         resp = self._request("HEAD", key, {})
@@ -584,6 +623,23 @@ def size(url: str, opts: Options = DEFAULT) -> int:
     """The length of the object at ``url`` (a HEAD request for a remote object)."""
     cli, key = client(url, opts)
     return int(_retried(url, opts, lambda: cli.size(key)))
+
+
+def tail(url: str, n: int, opts: Options = DEFAULT) -> tuple[bytes, int]:
+    """(the last ``n`` bytes of the object at ``url``, its length): one GET of a suffix range
+    for s3:// and http(s):// (no HEAD), retried as :func:`fetch` is."""
+    cli, key = client(url, opts)
+    parts: list[bytes] = []
+
+    def attempt() -> int:
+        parts.clear()
+        return cli.tail(key, n, parts.append)
+
+    total = int(_retried(url, opts, attempt))
+    _stats.requests += 1
+    data = b"".join(parts)
+    _stats.bytes += len(data)
+    return data, total
 
 
 def read_all(url: str, opts: Options = DEFAULT) -> bytes:
@@ -870,13 +926,16 @@ class Fetcher:
         for stream in streams:
             stream.close()
 
-    def fetch_many(self, ranges: list[tuple[str, int, int]]) -> list[bytes]:
-        """Several small ranges at once (offset tables), on this fetcher's threads."""
+    def threads(self) -> _Threads:
+        """This fetcher's request threads (made at first use)."""
         with self.lock:
             if self.pool is None:
                 self.pool = _Threads(self.opts.max_requests)
-            pool = self.pool
-        return pool.map(lambda r: self._get(*r), ranges)
+            return self.pool
+
+    def fetch_many(self, ranges: list[tuple[str, int, int]]) -> list[bytes]:
+        """Several small ranges at once (offset tables), on this fetcher's threads."""
+        return self.threads().map(lambda r: self._get(*r), ranges)
 
     def _pump(self) -> None:
         # Under self.lock: submit blocks in key order while the bounds allow.
@@ -898,9 +957,7 @@ class Fetcher:
         self.inflight += block.hi - block.lo
         self.peak = max(self.peak, self.inflight)
         self.running += 1
-        if self.pool is None:
-            self.pool = _Threads(self.opts.max_requests)
-        block.future = self.pool.submit(self._get, stream.url, block.lo, block.hi)
+        block.future = self.threads().submit(self._get, stream.url, block.lo, block.hi)
         block.future.add_done_callback(self._done)
 
     def _get(self, url: str, lo: int, hi: int) -> bytes:

@@ -273,7 +273,7 @@ def _check_pool_args(max_open_files: int) -> int:
 # The defaults of the keyword arguments that every reader takes for shards at URLs
 # (docs/streams.md, "Object storage"), as literals so that the reference shows their values;
 # _storage's defaults are the same (tests/test_remote.py checks).
-MAX_INFLIGHT_BYTES = 64 << 20  # fetched and not yet read, per process
+MAX_INFLIGHT_BYTES = 128 << 20  # fetched and not yet read, per process
 MAX_REQUESTS = 16  # requests in flight, per process
 RETRIES = 8  # attempts after the first, per range
 
@@ -928,6 +928,9 @@ class ParquetRead(_ShardRead, _Prefetch):
     }
     storage: _storage.Options | None = None  # remote files: how they are read
     lengths: np.ndarray | None = None  # remote files: their lengths, from the count
+    # remote files: per file, the bytes [lo, hi) of each row group's column chunks (of
+    # `columns`), from the count: any process fetches ahead without a footer of its own
+    spans: list[np.ndarray] | None = None
 
     def __init__(
         self,
@@ -1002,11 +1005,9 @@ class ParquetRead(_ShardRead, _Prefetch):
 
     def prefetch(self, reads: Callable[[], list[tuple[int, int, int, int]]]) -> None:
         """Start fetching the row groups that the ``reads()`` enter, each once, in the order
-        of ``key`` (see :meth:`TarRead.prefetch`); nothing for local
-        files, nor for files whose footer this process has not read."""
+        of ``key`` (see :meth:`TarRead.prefetch`); nothing for local files."""
         if self.storage is None:
             return
-        footers = self.footers()
         first: dict[tuple[int, int], float] = {}
         for shard, start, stop, key in reads():
             starts = self.group_starts[shard]
@@ -1016,12 +1017,11 @@ class ParquetRead(_ShardRead, _Prefetch):
                 at = key + max(0, int(starts[g]) - start)
                 if first.get((shard, g), at + 1) > at:
                     first[(shard, g)] = at
+        assert self.spans is not None
         ranges = []
         for (shard, g), key in first.items():
-            meta = footers.get(self.paths[shard])
-            if meta is not None:
-                lo, hi = _row_group_span(meta, g, self.columns)
-                ranges.append((self.paths[shard], lo, hi, float(key), 1.0))
+            lo, hi = (int(v) for v in self.spans[shard][g])
+            ranges.append((self.paths[shard], lo, hi, float(key), 1.0))
         ranges.sort(key=lambda r: r[3])
         self._expect(ranges)
 
@@ -1174,8 +1174,7 @@ class _RemoteParquet:
         self.length = length
         self.columns = columns
         if metadata is None:
-            f = _storage.RemoteFile(url, opts, length, tail=1 << 16)
-            metadata = _pyarrow_parquet().read_metadata(f)
+            metadata = _remote_footer(url, opts)[0]
         self.metadata = metadata
 
     def read_row_group(self, group: int, **kwargs: Any) -> Any:
@@ -1202,23 +1201,41 @@ def _close_parquet(f: Any) -> None:
         close()
 
 
+def _remote_footer(url: str, storage: _storage.Options) -> tuple[Any, int]:
+    """(the parsed footer of a remote Parquet file, the file's length): its last 64 KiB in one
+    GET, and the rest of a larger footer in a second."""
+    data, total = _storage.tail(url, 1 << 16, storage)
+    if len(data) < 12 or data[-4:] != b"PAR1":
+        raise ValueError(f"{url}: not a Parquet file (no PAR1 magic at its end)")
+    need = int.from_bytes(data[-8:-4], "little") + 8
+    if need > total - 4:
+        raise ValueError(f"{url}: its footer claims {need - 8} bytes, the file has {total}")
+    if need > len(data):
+        data = _storage.fetch(url, total - need, total, storage)
+    import pyarrow as pa
+
+    return _pyarrow_parquet().read_metadata(pa.BufferReader(data[-need:])), total
+
+
 def _parquet_footers(
     paths: list[str],
     columns: list[str] | None,
     footers: _Footers | None = None,
     storage: _storage.Options | None = None,
     lengths: list[int] | None = None,
+    spans: list[np.ndarray] | None = None,
 ) -> tuple[list[int], list[np.ndarray]]:
     pq = _pyarrow_parquet()
     counts = []
     group_starts = []
-    for p in paths:
+    if storage is not None:
+        # Every footer at once, each one GET of the file's tail (its length from the reply).
+        found = _storage.fetcher(storage).threads().map(lambda p: _remote_footer(p, storage), paths)
+        if lengths is not None:
+            lengths += [n for _, n in found]
+    for i, p in enumerate(paths):
         if storage is not None:
-            # The file's length (a HEAD), then its last 64 KiB: the footer in one GET.
-            with _storage.RemoteFile(p, storage, tail=1 << 16) as f:
-                meta = pq.read_metadata(f)
-                if lengths is not None:
-                    lengths.append(f.length)
+            meta = found[i][0]
         else:
             meta = pq.read_metadata(p)
         if footers is not None:
@@ -1236,6 +1253,13 @@ def _parquet_footers(
         rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         group_starts.append(np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])[:-1])
         counts.append(int(meta.num_rows))
+        if spans is not None:
+            spans.append(
+                np.asarray(
+                    [_row_group_span(meta, g, columns) for g in range(meta.num_row_groups)],
+                    dtype=np.int64,
+                ).reshape(-1, 2)
+            )
     return counts, group_starts
 
 
@@ -1300,10 +1324,14 @@ def parquet_shards(
     footers = _Footers(FOOTER_BYTES)
     remote = _remote(ps)
     lengths: list[int] = []
-    counts, group_starts, lengths = _index.shared(
+    spans: list[np.ndarray] = []
+    counts, group_starts, lengths, spans = _index.shared(
         lambda: (
-            *_parquet_footers(ps, cols, footers, storage if remote else None, lengths),
+            *_parquet_footers(
+                ps, cols, footers, storage if remote else None, lengths, spans if remote else None
+            ),
             lengths,
+            spans,
         ),
         ps,
         bool(share_counts),
@@ -1315,6 +1343,7 @@ def parquet_shards(
     if remote:
         read.storage = storage
         read.lengths = np.asarray(lengths, dtype=np.int64)
+        read.spans = spans
     read._footers = footers  # this process's first opens skip the footers read just now
     return Shards(arr, read)
 
