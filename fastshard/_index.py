@@ -27,6 +27,9 @@ from . import _storage
 
 KIND = "wids-shard-index-v1"
 FORMAT = "fastshard-tar-offsets-v1"
+# The offsets in a sidecar file, fetched a shard at a time (see TarOffsetsFile): what an index
+# of remote shards, which keeps every sample's offset, is written as.
+FORMAT_FILE = "fastshard-tar-offsets-v2"
 
 T = TypeVar("T")
 
@@ -86,13 +89,90 @@ class TarOffsets:
         return self.offsets[lo:hi], int(self.ends[s])
 
 
+class TarOffsetsFile:
+    """Per shard, the byte offset of every ``every``-th sample and the end of its last sample,
+    kept in the index's sidecar file (``fastshard-tar-offsets-v2``: for each shard in turn,
+    its offsets then its end, little-endian int64) and fetched a shard at a time when the
+    shard is first read: a rank that reads 1,222 of a million shards fetches their offsets
+    alone, not the index's 10 GB. ``load`` fetches many shards' at once; what a process
+    fetched stays with it (never pickled)."""
+
+    def __init__(
+        self,
+        counts: np.ndarray,
+        every: int,
+        url: str,
+        filesizes: np.ndarray,
+        storage: _storage.Options,
+        where: str,
+    ) -> None:
+        per_shard = (-(-int(n) // every) + 1 for n in counts)
+        # entry [bounds[s], bounds[s + 1]) of the file: shard s's offsets, then its end
+        self.bounds = np.fromiter(
+            accumulate(per_shard, initial=0), dtype=np.int64, count=len(counts) + 1
+        )
+        self.url = url
+        self.filesizes = filesizes
+        self.storage = storage
+        self.where = where
+        self.cache: dict[int, tuple[np.ndarray, int]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "cache": {}}
+
+    def _check(self, s: int, raw: bytes) -> tuple[np.ndarray, int]:
+        lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
+        if len(raw) != 8 * (hi - lo):
+            raise ValueError(
+                f"{self.where}: {self.url} is {len(raw)} bytes short of shard {s}'s offsets: "
+                "the index is damaged; write it again"
+            )
+        values = np.frombuffer(raw, dtype="<i8")
+        offsets, end = values[:-1], int(values[-1])
+        size = int(self.filesizes[s])
+        if (
+            end < 0
+            or (size >= 0 and end > size)
+            or (len(offsets) and (offsets[0] < 0 or offsets[-1] >= end))
+            or bool(np.any(np.diff(offsets) <= 0))
+        ):
+            raise ValueError(
+                f"{self.where}: shard {s}'s offsets in {self.url} are not increasing byte "
+                f"offsets before its end {end} (file of {size} bytes): the index is damaged; "
+                "write it again"
+            )
+        return offsets, end
+
+    def load(self, shards: Sequence[int]) -> None:
+        """Fetch the offsets of ``shards`` not fetched yet, all at once."""
+        missing = sorted({int(s) for s in shards} - set(self.cache))
+        if not missing:
+            return
+        ranges = [(self.url, 8 * int(self.bounds[s]), 8 * int(self.bounds[s + 1])) for s in missing]
+        if _storage.is_url(self.url):
+            raws = _storage.fetcher(self.storage).fetch_many(ranges)
+        else:
+            with open(self.url, "rb") as f:
+                raws = [os.pread(f.fileno(), hi - lo, lo) for _, lo, hi in ranges]
+        for s, raw in zip(missing, raws):
+            self.cache[s] = self._check(s, raw)
+
+    def shard(self, s: int) -> tuple[np.ndarray, int]:
+        """(offsets of every ``every``-th sample of shard s, end of its last sample)."""
+        found = self.cache.get(s)
+        if found is None:
+            self.load([s])
+            found = self.cache[s]
+        return found
+
+
 class TarIndex(NamedTuple):
     """Counts and, where known, seek offsets of tar shards (see readers.TarRead)."""
 
     paths: list[str]
     sizes: np.ndarray  # samples per shard
     every: int
-    offsets: TarOffsets | None
+    offsets: TarOffsets | TarOffsetsFile | None
     filesizes: np.ndarray  # per shard, -1 where unknown
 
 
@@ -115,6 +195,7 @@ def write_tar_index(
     ends: np.ndarray,
     filesizes: Sequence[int],
     storage: _storage.Options = _storage.DEFAULT,
+    sidecar: bool = False,
 ) -> dict[str, Any]:
     """Write the index of tar shards to ``output`` (a path or URL; urls relative to its
     folder where they are under it); returns it.
@@ -133,13 +214,26 @@ def write_tar_index(
         url = _relative(os.fspath(p), base)
         shardlist.append({"url": url, "nsamples": int(sizes[s]), "filesize": int(filesizes[s])})
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        per_shard.append({"offsets": _encode(offsets[lo:hi]), "end": int(ends[s])})
-    doc = {
-        "__kind__": KIND,
-        "wids_version": 1,
-        "shardlist": shardlist,
-        "fastshard": {"format": FORMAT, "index_every": int(every), "shards": per_shard},
-    }
+        if sidecar:
+            per_shard.append(np.append(offsets[lo:hi], ends[s]).astype("<i8"))
+        else:
+            per_shard.append({"offsets": _encode(offsets[lo:hi]), "end": int(ends[s])})
+    extra: dict[str, Any]
+    if sidecar:
+        # The offsets first, then the index that names them: a reader never finds an index
+        # whose offsets are not there yet.
+        name = out[out.rfind("/") + 1 :] if remote else os.path.basename(out)
+        data = b"".join(a.tobytes() for a in per_shard)
+        if remote:
+            _storage.write_all(out + ".offsets", data, storage)
+        else:
+            with open(out + ".offsets.partial", "wb") as f:
+                f.write(data)
+            os.replace(out + ".offsets.partial", out + ".offsets")
+        extra = {"format": FORMAT_FILE, "index_every": int(every), "offsets": name + ".offsets"}
+    else:
+        extra = {"format": FORMAT, "index_every": int(every), "shards": per_shard}
+    doc = {"__kind__": KIND, "wids_version": 1, "shardlist": shardlist, "fastshard": extra}
     if remote:
         _storage.write_all(out, (json.dumps(doc, indent=1) + "\n").encode(), storage)
         return doc
@@ -246,6 +340,13 @@ def read_tar_index(
     counts = np.asarray(sizes, dtype=np.int64)
     fsizes = np.asarray(filesizes, dtype=np.int64)
     extra = doc.get("fastshard")
+    if isinstance(extra, dict) and extra.get("format") == FORMAT_FILE:
+        every, name = extra.get("index_every"), extra.get("offsets")
+        if type(every) is not int or every < 1 or not isinstance(name, str) or not name:
+            raise ValueError(f"{path}: the 'fastshard' offsets are malformed")
+        where = _resolve(name, _storage.dirname(path))
+        found = TarOffsetsFile(counts, every, where, fsizes, storage, path)
+        return TarIndex(paths, counts, every, found, fsizes)
     if not isinstance(extra, dict) or extra.get("format") != FORMAT:
         return TarIndex(paths, counts, 0, None, fsizes)
     shards = extra.get("shards")

@@ -413,7 +413,10 @@ class TarRead(_ShardRead, _Prefetch):
         self,
         paths: list[str],
         sizes: np.ndarray,
-        index: _index.TarOffsets | tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+        index: _index.TarOffsets
+        | _index.TarOffsetsFile
+        | tuple[np.ndarray, np.ndarray, np.ndarray]
+        | None,
         index_every: int,
         opener: Opener | None,
         max_open_files: int = MAX_OPEN_FILES,
@@ -512,9 +515,13 @@ class TarRead(_ShardRead, _Prefetch):
         (``reads`` is not even called), nor for shards whose offsets are not known yet."""
         if self.storage is None:
             return
+        listed = [r for r in reads() if r[1] < r[2]]
+        load = getattr(self.index, "load", None)
+        if load is not None:  # offsets in the index's sidecar: the pass's shards', at once
+            load(sorted({shard for shard, _, _, _ in listed}))
         ranges = []
-        for shard, start, stop, key in reads():
-            if start < stop and (self.index is not None or shard in self._scanned):
+        for shard, start, stop, key in listed:
+            if self.index is not None or shard in self._scanned:
                 lo, hi = self._span(shard, start, stop)
                 ranges.append((self.paths[shard], lo, hi, float(key), float(stop - start)))
         self._expect(ranges)
@@ -676,7 +683,9 @@ def tar_shards(
         raise ValueError(f"index_every must be an int >= 1, got {index_every!r}")
     max_open_files = _check_pool_args(max_open_files)
     filesizes = None
-    offsets: _index.TarOffsets | tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    offsets: (
+        _index.TarOffsets | _index.TarOffsetsFile | tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    )
     if index is not None:
         if paths is not None or sizes is not None:
             raise ValueError("pass either index= or paths (and sizes=), not both")
@@ -767,7 +776,11 @@ def write_tar_index(
     lengths: list[int] = []
     counts, bounds, flat, ends = _scan_tars(ps, every, opener, storage if remote else None, lengths)
     filesizes = lengths if remote else [os.path.getsize(p) for p in ps]
-    _index.write_tar_index(output, ps, counts, every, bounds, flat, ends, filesizes, storage)
+    # An index of remote shards keeps its offsets in a sidecar file, which each process
+    # fetches a shard at a time: one with every sample's offset is 10.8 bytes a sample.
+    _index.write_tar_index(
+        output, ps, counts, every, bounds, flat, ends, filesizes, storage, sidecar=remote
+    )
     fs = np.asarray(filesizes, dtype=np.int64)
     read = TarRead(
         ps, counts, (bounds, flat, ends), every, opener, MAX_OPEN_FILES, fs,

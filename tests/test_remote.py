@@ -72,6 +72,19 @@ def server(local: dict[str, Any]) -> Any:
             for p in sorted((root / sub).iterdir()):
                 files[f"{sub}/{p.name}"] = str(p)
         srv.upload(BUCKET, files)
+        # The bucket's tar index as a user writes it for remote shards: every sample's offset,
+        # in a sidecar file fetched a shard at a time (the local one, uploaded above, is the
+        # inline format: sample_spans reads it).
+        env = srv.env()
+        readers.write_tar_index(
+            urls(local, "tar"),
+            f"s3://{BUCKET}/tar/index.json",
+            storage_options={
+                "endpoint_url": srv.direct,
+                "key": env["AWS_ACCESS_KEY_ID"],
+                "secret": env["AWS_SECRET_ACCESS_KEY"],
+            },
+        )
         yield srv
 
 
@@ -181,11 +194,18 @@ def test_tar_fetches_only_the_ranks_bytes(local: dict[str, Any], s3: Any, worker
             k += 1
     needed = sum(key_of[k][1][1] - key_of[k][1][0] for b in got for k in b)
     assert "HEAD" not in stats["requests"]
-    fetched = stats["bytes"]
+    shard_gets = [g for g in stats["gets"] if g[0].endswith(".tar")]
+    fetched = sum(g[3] for g in shard_gets)
     assert needed <= fetched <= 1.02 * needed, (fetched, needed)
-    # No byte fetched twice: the GET ranges of each object are disjoint.
+    # The metadata beside: the index once per process, and each process's shards' offsets
+    # from the sidecar (8 bytes a sample and one a shard), at most once per process.
+    meta = stats["bytes"] - fetched
+    index = len(readers._storage.read_all(f"s3://{BUCKET}/tar/index.json"))
+    offsets = 8 * (local["total"] + SHARDS)
+    assert meta <= index + max(workers, 1) * offsets, (meta, index, offsets)
+    # No byte of a shard fetched twice: the GET ranges of each shard are disjoint.
     by_key: dict[str, list[tuple[int, int]]] = {}
-    for key, start, stop, _ in stats["gets"]:
+    for key, start, stop, _ in shard_gets:
         by_key.setdefault(key, []).append((start, stop))
     for ranges in by_key.values():
         ranges.sort()
@@ -570,6 +590,43 @@ def test_urls_mixed_with_paths_and_bad_options(local: dict[str, Any]) -> None:
 def test_missing_object_names_the_url(local: dict[str, Any], s3: Any) -> None:
     with pytest.raises(_storage.RemoteReadError, match=f"s3://{BUCKET}/tar/nope.tar.*404"):
         readers.tar_shards([f"s3://{BUCKET}/tar/nope.tar"])
+
+
+def test_remote_index_keeps_offsets_beside_it(local: dict[str, Any], s3: Any) -> None:
+    """The index of remote shards names a sidecar of offsets, and a process fetches the
+    offsets of the shards it reads only (one ranged GET per shard here, none for the rest)."""
+    doc = json.loads(readers._storage.read_all(f"s3://{BUCKET}/tar/index.json"))
+    assert doc["fastshard"]["format"] == "fastshard-tar-offsets-v2"
+    assert doc["fastshard"]["offsets"] == "index.json.offsets"
+    assert doc["fastshard"]["index_every"] == 1
+    s3.reset()
+    sizes, read = readers.tar_shards(index=f"s3://{BUCKET}/tar/index.json")
+    items = [x["id"] for x in read(2, 3, 9)]
+    assert [int(i) for i in items] == list(
+        range(sum(local["counts"][:2]) + 3, sum(local["counts"][:2]) + 9)
+    )
+    sidecar = [g for g in s3.stats()["gets"] if g[0].endswith(".offsets")]
+    assert len(sidecar) == 1 and sidecar[0][3] == 8 * (local["counts"][2] + 1), sidecar
+    # A sidecar cut short is an error naming it, not a wrong read.
+    c = s3.client()
+    raw = c.get_object(Bucket=BUCKET, Key="tar/index.json.offsets")["Body"].read()
+    c.put_object(Bucket=BUCKET, Key="tar/index.json.offsets", Body=raw[:-8])
+    try:
+        _, read = readers.tar_shards(index=f"s3://{BUCKET}/tar/index.json")
+        # (the store refuses the range past its end: 416, not retried)
+        with pytest.raises(OSError, match=r"index\.json\.offsets: bytes .*HTTP 416"):
+            list(read(SHARDS - 1, 0, 2))
+    finally:
+        c.put_object(Bucket=BUCKET, Key="tar/index.json.offsets", Body=raw)
+
+
+def test_remote_index_written_locally(local: dict[str, Any], s3: Any, tmp_path: Path) -> None:
+    """An index of remote shards written to a local file keeps its sidecar there too."""
+    readers.write_tar_index(urls(local, "tar"), tmp_path / "index.json")
+    assert (tmp_path / "index.json.offsets").stat().st_size == 8 * (local["total"] + SHARDS)
+    sizes, read = readers.tar_shards(index=tmp_path / "index.json")
+    assert sizes.tolist() == local["counts"]
+    assert [int(x["id"]) for x in read(0, 5, 8)] == [5, 6, 7]
 
 
 def test_reader_defaults_are_the_storage_defaults() -> None:
