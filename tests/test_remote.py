@@ -600,7 +600,7 @@ def test_remote_index_keeps_offsets_beside_it(local: dict[str, Any], s3: Any) ->
     assert doc["fastshard"]["offsets"] == "index.json.offsets"
     assert doc["fastshard"]["index_every"] == 1
     s3.reset()
-    sizes, read = readers.tar_shards(index=f"s3://{BUCKET}/tar/index.json")
+    _, read = readers.tar_shards(index=f"s3://{BUCKET}/tar/index.json")
     items = [x["id"] for x in read(2, 3, 9)]
     assert [int(i) for i in items] == list(
         range(sum(local["counts"][:2]) + 3, sum(local["counts"][:2]) + 9)
