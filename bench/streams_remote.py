@@ -746,10 +746,16 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             fetched += b
             requests += _gets(b, lanes_open)
         items = len(stream)
+        # The offsets this rank fetches from the index's sidecar: 8 bytes a sample and one
+        # more per shard, for the shards it reads (fastshard-tar-offsets-v2).
+        read_shards = {shard for shard, *_ in segs}
+        offsets_bytes = sum(8 * (int(sizes[s]) + 1) for s in read_shards)
         rows.append(
             {
                 "rank": rank,
                 "items": items,
+                "shards_read": len(read_shards),
+                "offsets_bytes": offsets_bytes,
                 "pieces": len(segs),
                 "requests": requests,
                 "bytes": fetched,
@@ -760,11 +766,12 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
         it.close() if hasattr(it, "close") else None
-    # The index: what one GET of it costs, from the real index of this data when written.
-    idx = os.path.join(args.dir, "tar", "index-remote-every1.json")
-    per_sample = None
+    # The index as written for remote shards: wids' shard list in the JSON (measured per
+    # shard on this data's index), every sample's offset in the sidecar (8 B a sample, 8 a shard).
+    idx = os.path.join(args.dir, "tar", "index-remote-layout.json")
+    per_shard = None
     if os.path.isdir(os.path.join(args.dir, "tar")):
-        from fastshard import readers
+        from fastshard import _index, readers
 
         tars = sorted(
             os.path.join(args.dir, "tar", x)
@@ -772,11 +779,15 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
             if x.endswith(".tar")
         )
         if tars and not os.path.exists(idx):
-            readers.write_tar_index(tars, idx, index_every=1)
+            counts, bounds, flat, ends = readers._scan_tars(tars, 1, None)
+            _index.write_tar_index(
+                idx, tars, counts, 1, bounds, flat, ends,
+                [os.path.getsize(t) for t in tars], sidecar=True,
+            )  # fmt: skip
         if os.path.exists(idx):
-            per_sample = os.path.getsize(idx) / sum(base)
+            per_shard = os.path.getsize(idx) / len(tars)
     return {"W": W, "shards": len(sizes), "samples": n, "ranks": rows,
-            "index_bytes_per_sample": per_sample}  # fmt: skip
+            "index_json_bytes_per_shard": per_shard}  # fmt: skip
 
 
 def print_simulation(sim: dict[str, Any]) -> None:
@@ -794,15 +805,17 @@ def print_simulation(sim: dict[str, Any]) -> None:
     r0 = sim["ranks"][0]
     print(f"\nrows in the pieces ÷ items: {r0['rows_in_pieces'] / max(1, r0['items']):.3f} "
           f"(1.0: a rank fetches exactly its own samples); lanes {r0['lanes']:,}")  # fmt: skip
-    per = sim["index_bytes_per_sample"]
+    per = sim["index_json_bytes_per_shard"]
     if per:
-        one = per * sim["samples"]
+        one = per * sim["shards"]
+        side = 8 * (sim["samples"] + sim["shards"])
         print(
-            f"index (every sample's offset): {per:.1f} B per sample -> one GET of "
-            f"{one / 1e6:,.0f} MB; at the start the server sees {W:,} GETs of it "
-            f"({W * one / 1e9:,.1f} GB) without share_counts, 1 with share_counts=True "
-            f"(rank 0 then broadcasts those {one / 1e6:,.0f} MB and every rank holds them: "
-            f"a shard's offsets are decoded when it is first read)"
+            f"index: the JSON (wids' shard list) {per:.0f} B per shard -> one GET of "
+            f"{one / 1e6:,.1f} MB; at the start the server sees {W:,} GETs of it "
+            f"({W * one / 1e9:,.2f} GB) without share_counts, 1 with share_counts=True (rank 0 "
+            f"broadcasts it). The offsets ({side / 1e9:,.2f} GB in the sidecar) are fetched "
+            f"per shard read: rank 0 reads {r0['shards_read']:,} shards, "
+            f"{r0['offsets_bytes'] / 1e6:,.1f} MB of offsets in {r0['shards_read']:,} ranged GETs"
         )
     print(
         f"first batch: each rank opens {r0['first_batch_reads']} reads; its fetcher starts "
