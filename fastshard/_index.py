@@ -89,6 +89,11 @@ class TarOffsets:
         return self.offsets[lo:hi], int(self.ends[s])
 
 
+# A sidecar of offsets up to this size (2 M samples) is read whole, in one GET, when a pass
+# needs the offsets of more than one of its shards.
+SIDECAR_WHOLE = 16 << 20
+
+
 class TarOffsetsFile:
     """Per shard, the byte offset of every ``every``-th sample and the end of its last sample,
     kept in the index's sidecar file (``fastshard-tar-offsets-v2``: for each shard in turn,
@@ -144,9 +149,18 @@ class TarOffsetsFile:
         return offsets, end
 
     def load(self, shards: Sequence[int]) -> None:
-        """Fetch the offsets of ``shards`` not fetched yet, all at once."""
+        """Fetch the offsets of ``shards`` not fetched yet, all at once (the whole sidecar in
+        one GET while it is at most SIDECAR_WHOLE bytes)."""
         missing = sorted({int(s) for s in shards} - set(self.cache))
         if not missing:
+            return
+        total = 8 * int(self.bounds[-1])
+        if total <= SIDECAR_WHOLE and len(missing) > 1:
+            raw = _storage.read_all(self.url, self.storage)
+            for s in range(len(self.bounds) - 1):
+                if s not in self.cache:
+                    lo, hi = 8 * int(self.bounds[s]), 8 * int(self.bounds[s + 1])
+                    self.cache[s] = self._check(s, raw[lo:hi])
             return
         ranges = [(self.url, 8 * int(self.bounds[s]), 8 * int(self.bounds[s + 1])) for s in missing]
         if _storage.is_url(self.url):

@@ -309,6 +309,20 @@ def _remote(paths: list[str]) -> bool:
     return bool(remote) and remote[0]
 
 
+# Guards a reader's list of expected ranges against the thread that adds to it (see
+# TarRead.prefetch); made anew in a forked child, where a parent's thread may have held it.
+_expect_lock = threading.Lock()
+
+
+def _new_expect_lock() -> None:
+    global _expect_lock
+    _expect_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_expect_lock)
+
+
 class _Prefetch:
     """What a reader of remote shards shares: this process's :class:`_storage.Fetcher`, and
     the ranges it asked to fetch ahead and has not taken (forgotten at the next pass)."""
@@ -320,21 +334,38 @@ class _Prefetch:
         assert self.storage is not None
         return _storage.fetcher(self.storage)
 
-    def _expect(self, ranges: list[tuple[str, int, int, float, float]]) -> None:
+    def _expect(
+        self, ranges: list[tuple[str, int, int, float, float]], open_at_once: int | None = None
+    ) -> None:
         fetcher = self._fetcher()
-        if self._expected:
-            fetcher.forget(self._expected)
-        self._expected = [r[:3] for r in ranges]
-        # The reads that start a lane (key 0) are the reads open at once: they split the bound.
-        fetcher.concurrency = max(1, sum(r[3] == 0 for r in ranges))
-        for url, lo, hi, key, rows in ranges:
-            fetcher.expect(url, lo, hi, key, rows)
+        with _expect_lock:
+            if self._expected:
+                fetcher.forget(self._expected)
+            self._expected = []
+            # The reads that start a lane (key 0) are the reads open at once: they split the
+            # bound.
+            if open_at_once is None:
+                open_at_once = sum(r[3] == 0 for r in ranges)
+            fetcher.concurrency = max(1, open_at_once)
+        self._expect_more(ranges, self._expected)
+
+    def _expect_more(self, ranges: list[tuple[str, int, int, float, float]], token: Any) -> None:
+        """Expect ``ranges`` too, unless the pass that ``token`` (its list) stands for ended."""
+        fetcher = self._fetcher()
+        with _expect_lock:
+            expected = self._expected
+            if expected is None or expected is not token:
+                return
+            for url, lo, hi, key, rows in ranges:
+                expected.append((url, lo, hi))
+                fetcher.expect(url, lo, hi, key, rows)
 
     def cancel_prefetch(self) -> None:
         """Drop what :meth:`prefetch` asked for and was not read."""
-        if self._expected and self.storage is not None:
-            self._fetcher().forget(self._expected)
-        self._expected = None
+        with _expect_lock:
+            if self._expected and self.storage is not None:
+                self._fetcher().forget(self._expected)
+            self._expected = None
 
 
 # -- tar ----------------------------------------------------------------------------------------
@@ -516,15 +547,41 @@ class TarRead(_ShardRead, _Prefetch):
         if self.storage is None:
             return
         listed = [r for r in reads() if r[1] < r[2]]
-        load = getattr(self.index, "load", None)
-        if load is not None:  # offsets in the index's sidecar: the pass's shards', at once
-            load(sorted({shard for shard, _, _, _ in listed}))
+        if isinstance(self.index, _index.TarOffsetsFile):
+            # Offsets in the index's sidecar: those of the shards the lanes start in now (the
+            # first batches need them), the rest on a thread of their own, in need order, each
+            # read expected once its shard's offsets are in.
+            first = [r for r in listed if r[3] == 0]
+            self.index.load(sorted({r[0] for r in first}))
+            self._expect(self._ranges(first), open_at_once=len(first))
+            rest = [r for r in listed if r[3] != 0]
+            if rest:
+                token = self._expected
+                threading.Thread(target=self._expect_later, args=(rest, token), daemon=True).start()
+            return
+        self._expect(self._ranges(listed))
+
+    def _ranges(
+        self, listed: list[tuple[int, int, int, int]]
+    ) -> list[tuple[str, int, int, float, float]]:
         ranges = []
         for shard, start, stop, key in listed:
             if self.index is not None or shard in self._scanned:
                 lo, hi = self._span(shard, start, stop)
                 ranges.append((self.paths[shard], lo, hi, float(key), float(stop - start)))
-        self._expect(ranges)
+        return ranges
+
+    def _expect_later(self, rest: list[tuple[int, int, int, int]], token: Any) -> None:
+        assert isinstance(self.index, _index.TarOffsetsFile)
+        try:
+            for i in range(0, len(rest), 256):
+                part = rest[i : i + 256]
+                if self._expected is not token:  # the pass ended or another began
+                    return
+                self.index.load(sorted({r[0] for r in part}))
+                self._expect_more(self._ranges(part), token)
+        except Exception:  # the read that needs these offsets fetches them and raises
+            return
 
     def _read_remote(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         path = self.paths[shard]
@@ -1037,6 +1094,18 @@ class ParquetRead(_ShardRead, _Prefetch):
             ranges.append((self.paths[shard], lo, hi, float(key), 1.0))
         ranges.sort(key=lambda r: r[3])
         self._expect(ranges)
+        # The footers pyarrow decodes with, of the files the lanes start in: all at once, now
+        # (a file met later has its footer read when it is opened).
+        footers = self.footers()
+        storage = self.storage
+        missing = sorted({url for url, _, _, key, _ in ranges if key == 0} - set(footers.metas))
+        metas = (
+            _storage.fetcher(storage)
+            .threads()
+            .map(lambda url: _remote_footer(url, storage)[0], missing)
+        )
+        for url, meta in zip(missing, metas):
+            footers.put(url, meta)
 
     def _read(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
         starts = self.group_starts[shard]
