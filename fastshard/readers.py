@@ -82,11 +82,15 @@ PRIVATE_SHARE = 64
 # This process's id, kept current in forked children: the pools and caches compare it on
 # every read, which os.getpid() (a system call) would make cost more than the read.
 _pid = os.getpid()
+# Guards a remote reader's list of expected ranges against the thread that adds to it (see
+# TarRead.prefetch); made anew in a forked child, where a parent's thread may have held it.
+_expect_lock = threading.Lock()
 
 
 def _after_fork() -> None:
-    global _pid
+    global _pid, _expect_lock
     _pid = os.getpid()
+    _expect_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -307,20 +311,6 @@ def _remote(paths: list[str]) -> bool:
             f"the shards mix URLs ({first!r}) and local paths ({local!r}): pass one kind"
         )
     return bool(remote) and remote[0]
-
-
-# Guards a reader's list of expected ranges against the thread that adds to it (see
-# TarRead.prefetch); made anew in a forked child, where a parent's thread may have held it.
-_expect_lock = threading.Lock()
-
-
-def _new_expect_lock() -> None:
-    global _expect_lock
-    _expect_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_expect_lock)
 
 
 class _Prefetch:
