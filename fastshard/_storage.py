@@ -176,6 +176,12 @@ class _Client:
     def size(self, key: str) -> int:
         raise NotImplementedError
 
+    def whole(self, key: str, sink: Callable[[bytes], None]) -> int:
+        """The whole object to ``sink``; returns its length."""
+        n = self.size(key)
+        self.get(key, 0, n, sink)
+        return n
+
     def tail(self, key: str, n: int, sink: Callable[[bytes], None]) -> int:
         """The last ``n`` bytes (all of a shorter object) to ``sink``; returns the object's
         length. One request where the store takes a suffix range."""
@@ -191,14 +197,6 @@ class _Client:
 
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-def _chunks(read: Callable[[int], bytes], sink: Callable[[bytes], None]) -> None:
-    while True:
-        chunk = read(1 << 20)
-        if not chunk:
-            return
-        sink(chunk)
 
 
 # botocore sessions by profile: kept across a fork (a session holds loaded configuration and
@@ -308,26 +306,27 @@ class _S3(_Client):
             found = self.urls[key] = (url, now + PRESIGN_FOR / 2)
         return found[0]
 
-    def get(self, key: str, start: int, stop: int, sink: Callable[[bytes], None]) -> None:
-        # A ranged GET of the object's presigned URL, through urllib3: botocore's own
-        # get_object costs 1.8 ms of CPU a request, this 0.6 ms (300 GETs of 40 kB, measured
-        # against moto), which a 2-core machine that also decodes the samples feels. The URL is
-        # signed once per object and renewed after half its life; a 403 (credentials that
-        # expired sooner) signs it again and retries.
+    def _signed(self, key: str, call: Callable[[str], Any]) -> Any:
+        # A GET of the object's presigned URL, through urllib3: botocore's own get_object costs
+        # 1.8 ms of CPU a request, this 0.6 ms (300 GETs of 40 kB, measured against moto),
+        # which a 2-core machine that also decodes the samples feels. The URL is signed once
+        # per object and renewed after half its life; a 403 (credentials that expired sooner)
+        # signs it again and retries.
         try:
-            self.http.get(self._url(key), start, stop, sink)
+            return call(self._url(key))
         except RemoteReadError as err:
             if "HTTP 403" in str(err) and self.urls.pop(key, None) is not None:
                 raise _Retryable(f"{err} (signing the URL again)") from err
             raise
 
+    def get(self, key: str, start: int, stop: int, sink: Callable[[bytes], None]) -> None:
+        self._signed(key, lambda url: self.http.get(url, start, stop, sink))
+
     def tail(self, key: str, n: int, sink: Callable[[bytes], None]) -> int:
-        try:
-            return self.http.tail(self._url(key), n, sink)
-        except RemoteReadError as err:
-            if "HTTP 403" in str(err) and self.urls.pop(key, None) is not None:
-                raise _Retryable(f"{err} (signing the URL again)") from err
-            raise
+        return int(self._signed(key, lambda url: self.http.tail(url, n, sink)))
+
+    def whole(self, key: str, sink: Callable[[bytes], None]) -> int:
+        return int(self._signed(key, lambda url: self.http.whole(url, sink)))
 
     def size(self, key: str) -> int:
         return int(self._call(self.client.head_object, Key=key)["ContentLength"])
@@ -427,6 +426,23 @@ class _HTTP(_Client):
             total, data = len(data), data[-n:]
         sink(data)
         return total
+
+    def whole(self, key: str, sink: Callable[[bytes], None]) -> int:
+        # One GET, no HEAD: the body is checked against its Content-Length.
+        resp = self._request("GET", key, {})
+        got = 0
+        try:
+            for chunk in resp.stream(1 << 20):
+                sink(chunk)
+                got += len(chunk)
+        except self.errors as err:
+            raise _Retryable(f"{type(err).__name__} mid-body: {err}") from err
+        finally:
+            resp.release_conn()
+        length = resp.headers.get("Content-Length")
+        if length is not None and got != int(length):
+            raise _Retryable(f"short body: {got} of {length} bytes")
+        return got
 
     def size(self, key: str) -> int:
         resp = self._request("HEAD", key, {})
@@ -649,63 +665,19 @@ def read_all(url: str, opts: Options = DEFAULT) -> bytes:
             return f.read()
     cli, key = client(url, opts)
     parts: list[bytes] = []
-    # One GET of the whole object, without a HEAD first: a range past the end is cut short.
-    total = _retried(url, opts, lambda: _whole(cli, key, parts))
-    return b"".join(parts)[:total]
 
+    def attempt() -> int:
+        parts.clear()  # a failed attempt's bytes are not kept: the next reads it all again
+        return cli.whole(key, parts.append)
 
-def _whole(cli: _Client, key: str, parts: list[bytes]) -> int:
-    parts.clear()
-    if isinstance(cli, _S3):
-        resp = cli._call(cli.client.get_object, Key=key)
-        body = resp["Body"]
-        try:
-            _chunks(body.read, parts.append)
-        except cli.errors as err:
-            raise _Retryable(f"{type(err).__name__} mid-body: {err}") from err
-        finally:
-            body.close()
-        total = sum(map(len, parts))
-        if total != int(resp.get("ContentLength", total)):
-            raise _Retryable(f"short body: {total} of {resp['ContentLength']} bytes")
-        return total
-    if isinstance(cli, _HTTP):
-        resp = cli._request("GET", key, {})
-        try:
-            _chunks(resp.read, parts.append)
-        except cli.errors as err:
-            raise _Retryable(f"{type(err).__name__} mid-body: {err}") from err
-        finally:
-            resp.release_conn()
-        total = sum(map(len, parts))
-        length = resp.headers.get("Content-Length")
-        if length is not None and total != int(length):
-            raise _Retryable(f"short body: {total} of {length} bytes")
-        return total
-    n = cli.size(key)
-    cli.get(key, 0, n, parts.append)
-    return sum(map(len, parts))
+    _retried(url, opts, attempt)
+    return b"".join(parts)
 
 
 def write_all(url: str, data: bytes, opts: Options = DEFAULT) -> None:
     """Write ``data`` as the object at ``url`` (whole, replacing it)."""
     cli, key = client(url, opts)
     _retried(url, opts, lambda: cli.put(key, data))
-
-
-def exists(url: str, opts: Options = DEFAULT) -> bool:
-    """Whether an object is at ``url``."""
-    if not is_url(url):
-        return os.path.exists(local_path(url))
-    try:
-        size(url, opts)
-    except RemoteReadError as err:
-        if "404" in str(err) or "NotFound" in str(err) or "NoSuchKey" in str(err):
-            return False
-        raise
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def list_prefix(prefix: str, opts: Options = DEFAULT) -> list[str]:
@@ -1031,10 +1003,8 @@ class RemoteFile:
         opts: Options = DEFAULT,
         length: int | None = None,
         readahead: int = 4 << 20,
-        tail: int = 0,
     ) -> None:
         self.url = url
-        self.tail = tail  # a read within the last `tail` bytes fetches all of them (a footer)
         self.opts = opts
         self.length = size(url, opts) if length is None or length < 0 else length
         self.readahead = readahead
@@ -1071,17 +1041,14 @@ class RemoteFile:
             return b""
         lo = self.pos - self.buf_at
         if not (0 <= lo and lo + n <= len(self.buf)):
-            at = self.pos
-            if self.pos >= self.length - self.tail:
-                at = max(0, self.length - self.tail)
-            stop = min(self.length, max(self.pos + n, at + self.readahead))
-            data = fetch(self.url, at, stop, self.opts)
+            stop = min(self.length, self.pos + max(n, self.readahead))
+            data = fetch(self.url, self.pos, stop, self.opts)
             _stats.requests += 1
             _stats.bytes += len(data)
             if n >= self.readahead:  # a large read: nothing worth keeping around it
                 self.pos += n
-                return data[self.pos - n - at :][:n]
-            self.buf, self.buf_at, lo = data, at, self.pos - at
+                return data
+            self.buf, self.buf_at, lo = data, self.pos, 0
         self.pos += n
         return self.buf[lo : lo + n]
 
